@@ -1,0 +1,33 @@
+# flashbook: two commands do all set-up on a fresh machine.
+#   make book   create .venv, install everything, execute the notebooks, build the HTML book
+#   make test   create or reuse .venv and run the whole suite (library tests, notebooks, the book)
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.flashbook-installed
+
+.PHONY: book test test-lib test-notebooks clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q -c constraints.txt torch
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+	@echo "The book is built: open $(CURDIR)/_build/html/index.html"
+
+test-lib: $(STAMP)
+	$(PY) -m pytest -n 2 tests
+
+test-notebooks: $(STAMP)
+	$(PY) -m pytest --nbval-lax -p no:randomly notebooks
+
+test: test-lib test-notebooks book
+
+clean:
+	rm -rf _build

@@ -1,0 +1,53 @@
+"""The GPUs a reader meets in Colab and in the papers: published figures, one table for the whole book.
+
+Figures are vendors' datasheet numbers as collected in the project's facts file (dense fp16 tensor-core
+throughput, HBM bandwidth, SM count, shared memory a block may opt into). They are *published peak*
+figures, never measurements of ours; the book says so wherever it plots them.
+
+Explained in: book/gpu_memory and notebooks/01_naive_attention (roofline).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["GPU", "GPUS", "ARCH_SMEM_LIMIT", "get", "ridge_point"]
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU's published peak figures."""
+    name: str
+    arch: str                   # compute capability, e.g. "sm_80"
+    fp16_tflops: float          # dense fp16 tensor-core TFLOP/s
+    bandwidth_gbs: float        # HBM/GDDR bandwidth, GB/s
+    sms: int                    # streaming multiprocessors
+    smem_per_block_kb: int      # max shared memory per block (opt-in), KB
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """Arithmetic intensity (FLOP/byte) above which a kernel is compute-bound on this GPU."""
+        return ridge_point(self.fp16_tflops, self.bandwidth_gbs)
+
+
+GPUS: dict[str, GPU] = {g.name: g for g in (
+    GPU("T4", "sm_75", 65.0, 320.0, 40, 64),
+    GPU("L4", "sm_89", 121.0, 300.0, 58, 99),
+    GPU("A100-40GB", "sm_80", 312.0, 1555.0, 108, 163),
+    GPU("A100-80GB", "sm_80", 312.0, 2039.0, 108, 163),
+    GPU("H100-SXM", "sm_90", 989.0, 3350.0, 132, 227),
+)}
+
+# Shared memory one block may use, per architecture (KB), after opting in; 48 KB without opt-in.
+ARCH_SMEM_LIMIT = {"sm_75": 64, "sm_80": 163, "sm_86": 99, "sm_89": 99, "sm_90": 227}
+
+
+def get(name: str) -> GPU:
+    """The GPU called ``name`` (one of :data:`GPUS`), or a ValueError listing the names."""
+    if name not in GPUS:
+        raise ValueError(f"name must be one of {sorted(GPUS)}, got {name!r}")
+    return GPUS[name]
+
+
+def ridge_point(tflops: float, bandwidth_gbs: float) -> float:
+    """FLOP per byte at which compute time equals memory time: ``peak FLOP/s / bytes/s``."""
+    return tflops * 1e12 / (bandwidth_gbs * 1e9)

@@ -1,0 +1,109 @@
+"""A counted memory model: HBM bytes read and written, on-chip working set, and operation counts.
+
+Every ladder algorithm reports each tile it loads from or stores to HBM to an :class:`IOCounter` while
+it runs, so the traffic a chapter plots is *measured from the algorithm*, not typed in from a formula.
+The model is the one of the FlashAttention paper (Dao et al. 2022, Section 3.2): a slow, large HBM and a
+fast on-chip SRAM of ``M`` elements; an algorithm's cost is the number of elements that cross between
+them. Leading dims (batch, heads) are independent problems, each on its own streaming multiprocessor,
+so the on-chip working set of a step is counted *per problem* (the last two dims of each tile).
+
+Explained in: notebooks/01_naive_attention (traffic) and notebooks/03_flashattention1 (SRAM budget).
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = ["IOCounter", "SRAMOverflowError"]
+
+
+class SRAMOverflowError(ValueError):
+    """A step of an algorithm needs more on-chip memory than the counter's ``sram_bytes``."""
+
+
+def _elements_per_problem(tile: np.ndarray) -> int:
+    # Tiles are (..., rows, cols); leading dims are independent problems on different SMs.
+    if tile.ndim == 0:
+        return 1
+    if tile.ndim == 1:
+        return tile.shape[-1]
+    return tile.shape[-2] * tile.shape[-1]
+
+
+class IOCounter:
+    """Counts HBM traffic (bytes) and checks the on-chip working set of every step.
+
+    Args:
+        bytes_per_element: size of one element in HBM (2 for fp16/bf16, 4 for fp32). The count models
+            a kernel storing tensors in that format, whatever dtype NumPy computes in.
+        sram_bytes: on-chip memory of one SM available to one problem; ``None`` means unlimited.
+
+    Attributes:
+        hbm_read_bytes, hbm_write_bytes: bytes loaded from / stored to HBM so far.
+        peak_sram_bytes: the largest working set any step reported.
+        matmul_flops, other_flops: operation counts the algorithms report (matmul vs the rest:
+            exp, max, rescaling, division), for the FA1-vs-FA2 comparison.
+
+    Explained in: notebooks/01_naive_attention.
+    """
+
+    def __init__(self, bytes_per_element: int = 2, sram_bytes: int | None = None):
+        if isinstance(bytes_per_element, bool) or not isinstance(bytes_per_element, numbers.Integral) \
+                or bytes_per_element < 1:
+            raise ValueError(f"bytes_per_element must be a positive int, got {bytes_per_element!r}")
+        if sram_bytes is not None and (isinstance(sram_bytes, bool)
+                                       or not isinstance(sram_bytes, numbers.Integral)
+                                       or sram_bytes < 1):
+            raise ValueError(f"sram_bytes must be a positive int or None, got {sram_bytes!r}")
+        self.bytes_per_element = int(bytes_per_element)
+        self.sram_bytes = None if sram_bytes is None else int(sram_bytes)
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero every count."""
+        self.hbm_read_bytes = 0
+        self.hbm_write_bytes = 0
+        self.peak_sram_bytes = 0
+        self.matmul_flops = 0
+        self.other_flops = 0
+
+    @property
+    def hbm_bytes(self) -> int:
+        """Reads plus writes."""
+        return self.hbm_read_bytes + self.hbm_write_bytes
+
+    def load(self, tile: np.ndarray) -> np.ndarray:
+        """Count ``tile`` as read from HBM and return it (a copy: it now lives on chip)."""
+        self.hbm_read_bytes += tile.size * self.bytes_per_element
+        return np.array(tile, copy=True)
+
+    def store(self, dst: np.ndarray, index, tile) -> None:
+        """Write ``tile`` to ``dst[index]`` in HBM and count the bytes written."""
+        dst[index] = tile
+        self.hbm_write_bytes += np.asarray(dst[index]).size * self.bytes_per_element
+
+    def sram(self, *tiles: np.ndarray, limit: int | None = None) -> int:
+        """Report the tiles resident on chip during one step; raise if they exceed the budget.
+
+        The budget is ``sram_bytes``, or ``limit`` (an algorithm's own ``sram_bytes`` argument) when
+        that is smaller. Returns the working set in bytes for one problem (one batch element, head).
+        """
+        used = sum(_elements_per_problem(t) for t in tiles) * self.bytes_per_element
+        self.peak_sram_bytes = max(self.peak_sram_bytes, used)
+        budget = min((b for b in (self.sram_bytes, limit) if b is not None), default=None)
+        if budget is not None and used > budget:
+            shapes = ", ".join(str(tuple(t.shape[-2:])) for t in tiles)
+            raise SRAMOverflowError(
+                f"a step needs {used} bytes on chip (tiles {shapes} at {self.bytes_per_element} B "
+                f"per element), more than sram_bytes={budget}; use smaller blocks")
+        return used
+
+    def flops(self, matmul: int = 0, other: int = 0) -> None:
+        """Count operations: ``matmul`` (multiply-adds count 2) and ``other`` (exp, max, scale, divide)."""
+        self.matmul_flops += int(matmul)
+        self.other_flops += int(other)
+
+    def __repr__(self) -> str:
+        return (f"IOCounter(read={self.hbm_read_bytes:,} B, write={self.hbm_write_bytes:,} B, "
+                f"peak_sram={self.peak_sram_bytes:,} B)")

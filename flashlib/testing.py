@@ -1,0 +1,125 @@
+"""The float64 oracle and the checker that tests and notebooks share.
+
+``reference`` is attention written as plainly as possible, in float64, with the project's semantics:
+default scale ``d ** -0.5``; causal masks bottom-right aligned (query i sees key j iff
+``j <= i + Nk - Nq``); a query that sees no key outputs 0 and has ``lse = -inf``.
+``reference_backward`` is its analytic gradient. Every algorithm and kernel in flashlib is checked
+against these two.
+
+Explained in: notebooks/01_naive_attention.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._checks import causal_mask, check_qkv, check_scale
+
+__all__ = ["reference", "reference_backward", "random_qkv", "max_error", "assert_close",
+           "ADVERSARIAL_SHAPES"]
+
+# (Nq, Nk, d): lengths that are multiples of no block, Nq != Nk both ways, N = 1, odd head dims,
+# and causal cases with fully-masked rows (Nq > Nk).
+ADVERSARIAL_SHAPES = [
+    (1, 1, 1), (1, 37, 40), (37, 1, 59), (17, 45, 40), (45, 17, 59), (33, 33, 111),
+    (70, 130, 16), (130, 70, 24), (3, 257, 8),
+]
+
+
+def _scores(q, k, causal, scale):
+    s = scale * (q @ np.swapaxes(k, -1, -2))                       # (..., Nq, Nk)
+    if causal:
+        nq, nk = q.shape[-2], k.shape[-2]
+        s = np.where(causal_mask(0, nq, 0, nk, nq, nk), s, -np.inf)
+    return s
+
+
+def _softmax_rows(s):
+    m = s.max(axis=-1, keepdims=True)                               # (..., Nq, 1)
+    m_safe = np.where(np.isfinite(m), m, 0.0)                       # rows with no visible key
+    e = np.exp(s - m_safe)
+    l = e.sum(axis=-1, keepdims=True)
+    p = np.divide(e, l, out=np.zeros_like(e), where=l > 0)
+    with np.errstate(divide="ignore"):
+        lse = (m_safe + np.log(l))[..., 0]                          # -inf where l == 0
+    return p, lse
+
+
+def reference(q, k, v, *, causal=False, scale=None):
+    """Float64 attention: returns ``(o, lse)`` with ``o (..., Nq, dv)`` and ``lse (..., Nq)``.
+
+    Explained in: notebooks/01_naive_attention.
+    """
+    q, k, v = check_qkv(q, k, v)
+    scale = check_scale(scale, q.shape[-1])
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    p, lse = _softmax_rows(_scores(q, k, causal, scale))
+    return p @ v, lse
+
+
+def reference_backward(q, k, v, do, *, causal=False, scale=None):
+    """Float64 analytic gradients ``(dq, dk, dv)`` of ``sum(o * do)`` for ``o = reference(...)[0]``.
+
+    Uses ``dS = P * (dP - rowsum(dO * O))`` (the softmax Jacobian). Rows that see no key have P = 0,
+    so they contribute nothing and their gradients are 0, never NaN.
+
+    Explained in: notebooks/05_backward.
+    """
+    q, k, v = check_qkv(q, k, v)
+    scale = check_scale(scale, q.shape[-1])
+    q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, do))
+    p, _ = _softmax_rows(_scores(q, k, causal, scale))
+    o = p @ v
+    dv = np.swapaxes(p, -1, -2) @ do
+    dp = do @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True))
+    return scale * ds @ k, scale * np.swapaxes(ds, -1, -2) @ q, dv
+
+
+def random_qkv(nq, nk, d, *, lead=(), dv=None, dtype=np.float64, seed=0):
+    """Random ``q (*lead, nq, d)``, ``k (*lead, nk, d)``, ``v (*lead, nk, dv)`` from a seeded generator."""
+    rng = np.random.default_rng(seed)
+    dv = d if dv is None else dv
+    q = rng.standard_normal((*lead, nq, d)).astype(dtype)
+    k = rng.standard_normal((*lead, nk, d)).astype(dtype)
+    v = rng.standard_normal((*lead, nk, dv)).astype(dtype)
+    return q, k, v
+
+
+def max_error(actual, expected) -> float:
+    """Largest absolute difference, treating matching infinities as equal and NaN as infinitely wrong."""
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape:
+        raise ValueError(f"shapes differ: actual {a.shape}, expected {e.shape}")
+    if np.isnan(a).any() or np.isnan(e).any():
+        return float("inf")
+    same_inf = np.isinf(a) & (a == e)
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same_inf, 0.0, np.abs(a - e))
+    return float(diff.max()) if diff.size else 0.0
+
+
+def assert_close(actual, expected, *, atol=1e-10, rtol=1e-10, name="value"):
+    """Assert ``|actual - expected| <= atol + rtol * |expected|`` elementwise; no NaN anywhere.
+
+    Infinities must match exactly (``lse = -inf`` for rows that see nothing). The message gives the
+    worst element and its index.
+    """
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape:
+        raise AssertionError(f"{name}: shape {a.shape}, expected {e.shape}")
+    if np.isnan(a).any():
+        raise AssertionError(f"{name}: contains NaN at {np.argwhere(np.isnan(a))[:5].tolist()}")
+    inf_mismatch = (np.isinf(a) | np.isinf(e)) & (a != e)
+    if inf_mismatch.any():
+        idx = tuple(np.argwhere(inf_mismatch)[0])
+        raise AssertionError(f"{name}: infinity mismatch at {idx}: {a[idx]} vs {e[idx]}")
+    finite = np.isfinite(e)
+    with np.errstate(invalid="ignore"):
+        err = np.where(finite, np.abs(a - e), 0.0)
+    bound = atol + rtol * np.abs(np.where(finite, e, 0.0))
+    if (err > bound).any():
+        idx = tuple(np.unravel_index(np.argmax(err - bound), err.shape))
+        raise AssertionError(f"{name}: max abs error {err.max():.3e} (worst at {idx}: {a[idx]!r} vs "
+                             f"{e[idx]!r}; atol={atol}, rtol={rtol})")
