@@ -12,7 +12,8 @@ The ladder (NumPy, any leading dims, float64-capable), one module per chapter:
 * :mod:`flashlib.testing` — the float64 oracle and the shared checker.
 """
 from . import decoding, fa1, fa2, hardware, iomodel, memeff, naive, softmax, testing
+from .display import show
 from .iomodel import IOCounter
 
 __version__ = "0.1.0"
-__all__ = ["naive", "softmax", "memeff", "fa1", "fa2", "decoding", "iomodel", "testing", "hardware", "IOCounter"]
+__all__ = ["naive", "softmax", "memeff", "fa1", "fa2", "decoding", "iomodel", "testing", "hardware", "IOCounter", "show"]

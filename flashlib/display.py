@@ -1,0 +1,22 @@
+"""Show flashlib's own source in a chapter, so the book never holds a second copy of an algorithm.
+
+Explained in: every chapter (the cells that display code).
+"""
+from __future__ import annotations
+
+import inspect
+
+__all__ = ["show"]
+
+
+def show(obj):
+    """The source of ``obj`` (a function, class or module), highlighted in a notebook, plain elsewhere."""
+    if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismodule(obj)
+            or inspect.ismethod(obj)):
+        raise TypeError(f"obj must be a function, class, method or module, got {type(obj).__name__}")
+    src = inspect.getsource(obj)
+    try:
+        from IPython.display import Code
+    except ImportError:  # pragma: no cover - IPython ships with every notebook environment
+        return src
+    return Code(src, language="python")
