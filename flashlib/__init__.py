@@ -11,9 +11,9 @@ The ladder (NumPy, any leading dims, float64-capable), one module per chapter:
 * :mod:`flashlib.iomodel` — the counted HBM/SRAM memory model every algorithm reports to;
 * :mod:`flashlib.testing` — the float64 oracle and the shared checker.
 """
-from . import decoding, fa1, fa2, hardware, iomodel, memeff, naive, softmax, testing
+from . import decoding, fa1, fa2, hardware, iomodel, measure, memeff, naive, softmax, testing
 from .display import show
 from .iomodel import IOCounter
 
 __version__ = "0.1.0"
-__all__ = ["naive", "softmax", "memeff", "fa1", "fa2", "decoding", "iomodel", "testing", "hardware", "IOCounter", "show"]
+__all__ = ["naive", "softmax", "memeff", "fa1", "fa2", "decoding", "iomodel", "testing", "hardware", "measure", "IOCounter", "show"]
