@@ -15,7 +15,7 @@ import numbers
 import numpy as np
 
 from ._checks import (acc_dtype, causal_mask, check_io, check_qkv, check_scale, out_dtype)
-from .softmax import lse_from_state, safe_exp_diff
+from .softmax import divide_rows, lse_from_state, safe_exp_diff
 
 __all__ = ["forward", "combine", "split_bounds", "choose_num_splits"]
 
@@ -38,7 +38,7 @@ def _attend_split(q, k_s, v_s, k0, nk, causal, scale, acc):
     m = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full((*s.shape[:-1], 1), -np.inf, acc)
     p = safe_exp_diff(s, m)                                         # (..., Nq, chunk)
     l = p.sum(axis=-1, keepdims=True)
-    o = np.divide(p @ v_s, l, out=np.zeros((*q.shape[:-1], v_s.shape[-1]), acc), where=l > 0)
+    o = divide_rows(p @ v_s, l)
     return o, lse_from_state(m, l)[..., 0]
 
 
@@ -102,7 +102,7 @@ def combine(o_parts, lse_parts, *, io=None):
     w = safe_exp_diff(lse_parts, m)                                 # (S, ..., Nq): exp(LSE_s - m)
     l = w.sum(axis=0)
     lse = lse_from_state(m, l)
-    w = np.divide(w, l, out=np.zeros_like(w), where=l > 0)          # exp(LSE_s - lse)
+    w = divide_rows(w, l)                                           # exp(LSE_s - lse)
     o = (w[..., None] * o_parts).sum(axis=0)
     io.flops(other=3 * lse_parts.size + 2 * o_parts.size)
     out_o, out_lse = np.empty_like(o), np.empty_like(lse)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ._checks import (acc_dtype, block_hidden, causal_mask, check_block, check_io, check_qkv,
                       check_scale, out_dtype)
-from .softmax import safe_exp_diff
+from .softmax import divide_rows, safe_exp_diff
 
 __all__ = ["forward", "paper_block_sizes"]
 
@@ -90,7 +90,7 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, sr
             a, b = safe_exp_diff(m_i, m_new), safe_exp_diff(m_t, m_new)
             l_new = a * l_i + b * l_t                               #          l_new = e^(..) l_i + e^(..) l~
             num = l_i * a * o_i + b * (p_t @ v_j)                   # line 12: O_i = diag(l_new)^-1 (...)
-            io.store(o, rows, np.divide(num, l_new, out=np.zeros_like(num), where=l_new > 0))
+            io.store(o, rows, divide_rows(num, l_new))
             io.store(l, rows, l_new), io.store(m, rows, m_new)      # line 13: write l_i, m_i
             io.flops(matmul=2 * s_ij.size * (d + v.shape[-1]),
                      other=4 * s_ij.size + 4 * num.size)            # exp/max/sum; rescale+divide O_i

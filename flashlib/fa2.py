@@ -14,7 +14,7 @@ import numpy as np
 
 from ._checks import (acc_dtype, block_hidden, causal_mask, check_block, check_io, check_like,
                       check_qkv, check_scale, out_dtype)
-from .softmax import lse_from_state, safe_exp_diff
+from .softmax import divide_rows, lse_from_state, safe_exp_diff
 
 __all__ = ["forward", "backward"]
 
@@ -72,7 +72,7 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, io
             o_i = alpha * o_i + p_ij @ v_j                          # line 10: O_i^(j), unnormalized
             m_i = m_new
             io.flops(matmul=2 * s_ij.size * (d + v.shape[-1]), other=4 * s_ij.size + 2 * o_i.size)
-        o_i = np.divide(o_i, l_i, out=np.zeros_like(o_i), where=l_i > 0)   # line 12: diag(l)^-1 O_i
+        o_i = divide_rows(o_i, l_i)                                 # line 12: diag(l)^-1 O_i
         io.flops(other=o_i.size)
         io.store(o, (..., rows, slice(None)), o_i)                  # line 14: write O_i
         io.store(lse, (..., rows), lse_from_state(m_i, l_i)[..., 0])  # lines 13, 15: L_i = m + log l
@@ -124,7 +124,8 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_q=None, blo
             io.store(dq, rows, dq_i + scale * ds_ij @ k_j)
             dk_j += scale * np.swapaxes(ds_ij, -1, -2) @ q_i        # line 16: dK_j += dS^T Q_i
             io.sram(k_j, v_j, dk_j, dv_j, q_i, do_i, dq_i)
-            io.flops(matmul=8 * s_ij.size * q.shape[-1], other=5 * s_ij.size)
+            io.flops(matmul=2 * s_ij.size * (3 * q.shape[-1] + 2 * v.shape[-1]),  # S, dQ, dK; dV, dP
+                     other=5 * s_ij.size)
         io.store(dk, (..., slice(j, j + bc), slice(None)), dk_j)    # line 18: write dK_j, dV_j
         io.store(dv, (..., slice(j, j + bc), slice(None)), dv_j)
     dt = out_dtype(q, k, v, do)

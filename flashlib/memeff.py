@@ -16,7 +16,7 @@ import numpy as np
 
 from ._checks import (acc_dtype, causal_mask, check_block, check_io, check_qkv, check_scale,
                       out_dtype)
-from .softmax import lse_from_state, merge, safe_exp_diff
+from .softmax import divide_rows, lse_from_state, merge, safe_exp_diff
 
 __all__ = ["lse_first", "chunked"]
 
@@ -42,7 +42,8 @@ def lse_first(q, k, v, *, causal=False, scale=None, block_k=64, io=None):
     lse = np.full(q.shape[:-1], -np.inf, dtype=acc)                 # pass 1: lse over key tiles
     for j in range(0, nk, bc):
         s = _scores(q_, io.load(k[..., j:j + bc, :]).astype(acc), scale, causal, 0, j, nq, nk)
-        lse = np.logaddexp(lse, lse_from_state(*_tile_state(s)))    # safe logaddexp(-inf, -inf) = -inf
+        with np.errstate(invalid="ignore"):                         # NaN input stays NaN
+            lse = np.logaddexp(lse, lse_from_state(*_tile_state(s)))  # logaddexp(-inf, -inf) = -inf
     o = np.zeros((*q.shape[:-1], v.shape[-1]), dtype=acc)           # pass 2: accumulate exp(S - lse) V
     for j in range(0, nk, bc):
         k_j = io.load(k[..., j:j + bc, :]).astype(acc)
@@ -90,8 +91,6 @@ def chunked(q, k, v, *, causal=False, scale=None, query_chunk=1024, key_chunk=40
         for m_j, l_j in zip(maxes, weights):
             m, l = merge(m, l, m_j, l_j)
         all_values = sum(safe_exp_diff(m_j, m)[..., None] * val for m_j, val in zip(maxes, values))
-        l_col = np.asarray(l)[..., None]
-        io.store(o, (..., slice(i, i + qc), slice(None)),
-                 np.divide(all_values, l_col, out=np.zeros_like(all_values), where=l_col > 0))
+        io.store(o, (..., slice(i, i + qc), slice(None)), divide_rows(all_values, np.asarray(l)[..., None]))
         io.store(lse, (..., slice(i, i + qc)), lse_from_state(m, l))
     return o, lse

@@ -11,6 +11,7 @@ import numpy as np
 
 from ._checks import (acc_dtype, causal_mask, check_io, check_like, check_qkv, check_scale,
                       out_dtype)
+from .softmax import divide_rows
 
 __all__ = ["attention", "backward"]
 
@@ -30,12 +31,12 @@ def _scores_and_probs(q, k, causal, scale, io, acc):
     io.store(s, ..., s_)                                            # line 1: write S to HBM
     s_ = io.load(s)                                                 # line 2: read S
     m = s_.max(axis=-1, keepdims=True)                              # (..., Nq, 1)
-    m = np.where(np.isfinite(m), m, 0.0)                            # a row with no visible key
+    m = np.where(np.isneginf(m), 0.0, m)                            # a row with no visible key
     e = np.exp(s_ - m)
     l = e.sum(axis=-1, keepdims=True)
     io.flops(other=4 * s_.size)                                     # max, subtract, exp, sum
     p = np.empty_like(s)
-    io.store(p, ..., np.divide(e, l, out=np.zeros_like(e), where=l > 0))  # line 2: write P
+    io.store(p, ..., divide_rows(e, l))                             # line 2: write P
     return p
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["naive_softmax", "safe_softmax", "online_softmax", "online_state", "merge",
-           "lse_from_state", "logsumexp", "safe_exp_diff"]
+           "lse_from_state", "logsumexp", "safe_exp_diff", "divide_rows"]
 
 
 def _check(x, name="x"):
@@ -36,6 +36,12 @@ def safe_exp_diff(a, b):
         return np.where(np.isneginf(a), 0.0, np.exp(a - b_safe))
 
 
+def divide_rows(num, l):
+    """``num / l``, with 0 where ``l == 0`` (a row that saw no key); NaN still propagates."""
+    return np.divide(num, l, out=np.zeros(np.broadcast_shapes(num.shape, l.shape),
+                                          np.result_type(num, l)), where=l != 0)
+
+
 def naive_softmax(x):
     """``exp(x) / sum(exp(x))`` along the last axis, in ``x``'s dtype — no max subtracted.
 
@@ -53,7 +59,7 @@ def safe_softmax(x):
     m = x.max(axis=-1, keepdims=True)                      # pass 1: m = max_j x_j
     e = safe_exp_diff(x, m)                                # pass 2: l = sum_j exp(x_j - m)
     l = e.sum(axis=-1, keepdims=True)
-    return np.divide(e, l, out=np.zeros_like(e), where=l > 0)  # pass 3: y_j = exp(x_j - m) / l
+    return divide_rows(e, l)                               # pass 3: y_j = exp(x_j - m) / l
 
 
 def online_state(x):
@@ -83,8 +89,7 @@ def online_softmax(x):
     """
     m, l = online_state(x)                                 # pass 1 (lines 1-6)
     e = safe_exp_diff(x, m[..., None])                     # pass 2 (lines 7-9): exp(x_j - m_V) / d_V
-    l = l[..., None]
-    return np.divide(e, l, out=np.zeros_like(e), where=l > 0)
+    return divide_rows(e, l[..., None])
 
 
 def merge(m_a, l_a, m_b, l_b):
@@ -101,7 +106,7 @@ def lse_from_state(m, l):
     """``log(sum(exp(x))) = m + log(l)``; ``-inf`` for an empty state (``l = 0``)."""
     m = np.asarray(m)
     with np.errstate(divide="ignore"):
-        return np.where(np.asarray(l) > 0, np.where(np.isneginf(m), 0.0, m) + np.log(l), -np.inf)
+        return np.where(np.asarray(l) == 0, -np.inf, np.where(np.isneginf(m), 0.0, m) + np.log(l))
 
 
 def logsumexp(x, axis=-1):

@@ -35,12 +35,12 @@ def _scores(q, k, causal, scale):
 
 def _softmax_rows(s):
     m = s.max(axis=-1, keepdims=True)                               # (..., Nq, 1)
-    m_safe = np.where(np.isfinite(m), m, 0.0)                       # rows with no visible key
+    m_safe = np.where(np.isneginf(m), 0.0, m)                       # rows with no visible key; NaN stays
     e = np.exp(s - m_safe)
     l = e.sum(axis=-1, keepdims=True)
-    p = np.divide(e, l, out=np.zeros_like(e), where=l > 0)
+    p = np.divide(e, l, out=np.zeros_like(e), where=l != 0)
     with np.errstate(divide="ignore"):
-        lse = (m_safe + np.log(l))[..., 0]                          # -inf where l == 0
+        lse = np.where(l == 0, -np.inf, m_safe + np.log(l))[..., 0]  # -inf where l == 0
     return p, lse
 
 

@@ -82,3 +82,26 @@ def test_property_any_shape_any_blocks(name, nq, nk, d, causal, bq, bk, splits, 
     assert_close(o, o_ref, atol=1e-11, rtol=1e-9, name=name)
     if lse is not None:
         assert_close(lse, lse_ref, atol=1e-11, rtol=1e-9, name=name + " lse")
+
+
+@pytest.mark.parametrize("name", sorted(FORWARDS))
+def test_nan_input_propagates_instead_of_vanishing(name):
+    # The guard for rows that see no key must not turn a NaN row into a quiet 0.
+    q, k, v = random_qkv(2, 6, 4, seed=8)
+    k[0, 0] = np.nan
+    o, lse = FORWARDS[name](q, k, v, False, None, (1, 2, 3))
+    assert np.isnan(o).all(axis=-1).all()
+    if lse is not None:
+        assert np.isnan(lse).all()
+    o_ref, lse_ref = reference(q, k, v)
+    assert np.isnan(o_ref).all() and np.isnan(lse_ref).all()
+
+
+def test_fa2_backward_counts_two_and_a_half_times_the_forward_matmuls():
+    from flashlib import fa2
+    from flashlib.iomodel import IOCounter
+    q, k, v = random_qkv(20, 30, 8)
+    fwd, bwd = IOCounter(), IOCounter()
+    o, lse = fa2.forward(q, k, v, io=fwd, block_q=7, block_k=5)
+    fa2.backward(q, k, v, o, lse, np.ones_like(o), io=bwd, block_q=7, block_k=5)
+    assert bwd.matmul_flops == 2.5 * fwd.matmul_flops
