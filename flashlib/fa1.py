@@ -46,7 +46,8 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, sr
     Args:
         q ``(..., Nq, d)``, k ``(..., Nk, d)``, v ``(..., Nk, dv)``: any leading dims, float dtypes.
         causal: bottom-right aligned mask. scale: defaults to ``d ** -0.5``.
-        block_q, block_k: Br and Bc. Default: the paper's sizes when ``sram_bytes`` is given, else 64.
+        block_q, block_k: Br and Bc. Each one not given is the paper's size when ``sram_bytes`` is
+            given, else 64.
         sram_bytes: on-chip memory M in bytes; sets the paper's block sizes and is enforced by ``io``.
         io: an :class:`~flashlib.iomodel.IOCounter` receiving every HBM load/store.
 
@@ -60,8 +61,9 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, sr
     nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     if sram_bytes is not None:
         sram_bytes = check_block(sram_bytes, "sram_bytes")
-        if block_q is None and block_k is None:                     # line 1: Bc = M/4d, Br = min(Bc, d)
-            block_q, block_k = paper_block_sizes(sram_bytes, d, io.bytes_per_element)
+        paper_br, paper_bc = paper_block_sizes(sram_bytes, d, io.bytes_per_element)
+        block_q = paper_br if block_q is None else block_q          # line 1: Br = min(Bc, d)
+        block_k = paper_bc if block_k is None else block_k          #         Bc = M/4d
     br = check_block(block_q, "block_q", DEFAULT_BLOCK)
     bc = check_block(block_k, "block_k", DEFAULT_BLOCK)
     lead = q.shape[:-2]

@@ -36,7 +36,9 @@ class IOCounter:
 
     Args:
         bytes_per_element: size of one element in HBM (2 for fp16/bf16, 4 for fp32). The count models
-            a kernel storing tensors in that format, whatever dtype NumPy computes in.
+            a kernel storing tensors in that format, whatever dtype NumPy computes in. Row statistics
+            (m, l, LSE, D) are counted at the same size; real kernels keep them in fp32, a difference
+            of O(N) bytes next to the O(Nd) and O(N^2) terms.
         sram_bytes: on-chip memory of one SM available to one problem; ``None`` means unlimited.
 
     Attributes:

@@ -158,3 +158,12 @@ def test_counter_arguments_are_checked():
     io.hbm_read_bytes = 5
     io.reset()
     assert io.hbm_bytes == 0
+
+
+def test_fa1_fills_in_the_paper_block_size_that_was_not_given():
+    q, k, v = random_qkv(300, 300, 64)
+    both, only_q = IOCounter(), IOCounter()
+    fa1.forward(q, k, v, sram_bytes=100 * 1024, io=both)                 # Br = 64, Bc = 200
+    fa1.forward(q, k, v, sram_bytes=100 * 1024, block_q=64, io=only_q)   # Bc still 200
+    assert both.hbm_bytes == only_q.hbm_bytes
+    assert only_q.peak_sram_bytes == (2 * 200 * 64 + 2 * 64 * 64) * 2
