@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.flashbook-installed
 
-.PHONY: book test test-lib test-notebooks clean
+.PHONY: book test test-lib test-notebooks test-browser clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,12 +22,17 @@ book: $(STAMP)
 	@echo "The book is built: open $(CURDIR)/_build/html/index.html"
 
 test-lib: $(STAMP)
-	$(PY) -m pytest -n 2 tests
+	$(PY) -m pytest -n 2 -m "not book" tests
 
 test-notebooks: $(STAMP)
 	$(PY) -m pytest --nbval-lax -p no:randomly notebooks
 
+test-browser: $(STAMP)
+	$(PY) -m pytest -m book tests/test_book_browser.py
+
+# The browser test reads the book that `book` has just built.
 test: test-lib test-notebooks book
+	$(MAKE) test-browser
 
 clean:
 	rm -rf _build

@@ -15,6 +15,7 @@ import numpy as np
 from ._checks import causal_mask, check_qkv, check_scale
 
 __all__ = ["reference", "reference_backward", "random_qkv", "max_error", "assert_close",
+           "reference_gqa", "plain_torch_attention", "assert_fa_rule",
            "ADVERSARIAL_SHAPES"]
 
 # (Nq, Nk, d): lengths that are multiples of no block, Nq != Nk both ways, N = 1, odd head dims,
@@ -123,3 +124,66 @@ def assert_close(actual, expected, *, atol=1e-10, rtol=1e-10, name="value"):
         idx = tuple(np.unravel_index(np.argmax(err - bound), err.shape))
         raise AssertionError(f"{name}: max abs error {err.max():.3e} (worst at {idx}: {a[idx]!r} vs "
                              f"{e[idx]!r}; atol={atol}, rtol={rtol})")
+
+
+# --------------------------------------------------------------------------------------------------
+# SDPA-layout helpers for the torch-facing kernels (Triton, CUDA, the CLI self-check).
+# --------------------------------------------------------------------------------------------------
+
+def _np64(x) -> np.ndarray:
+    if type(x).__module__.startswith("torch"):
+        return x.detach().to("cpu").double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def reference_gqa(q, k, v, *, causal=False, scale=None, do=None):
+    """The float64 oracle for ``(B, H, N, d)`` tensors with GQA (kv head ``h // (H // Hkv)``).
+
+    Takes torch tensors or arrays. Returns NumPy float64 ``(o, lse)``, or ``(o, lse, (dq, dk, dv))``
+    when ``do`` is given (dk, dv summed over each GQA group, shaped like k and v).
+    Explained in: notebooks/07_triton.
+    """
+    q, k, v = _np64(q), _np64(k), _np64(v)
+    if q.ndim != 4 or k.ndim != 4 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q, k must be (B, H, N, d) with H % Hkv == 0, got {q.shape} and {k.shape}")
+    group = q.shape[1] // k.shape[1]
+    kk, vv = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    o, lse = reference(q, kk, vv, causal=causal, scale=scale)
+    if do is None:
+        return o, lse
+    dq, dk, dv = reference_backward(q, kk, vv, _np64(do), causal=causal, scale=scale)
+    b, hkv, nk = k.shape[:3]
+    return o, lse, (dq, dk.reshape(b, hkv, group, nk, -1).sum(2), dv.reshape(b, hkv, group, nk, -1).sum(2))
+
+
+def plain_torch_attention(q, k, v, *, causal=False, scale=None):
+    """Attention written plainly in torch, in the inputs' own dtype: the baseline of FlashAttention's
+    error rule (a kernel may err at most 2x — 3x for gradients — what this errs against the oracle).
+
+    ``(B, H, Nq, d)`` / ``(B, Hkv, Nk, d)``, bottom-right causal, rows that see nothing give 0.
+    Explained in: notebooks/07_triton.
+    """
+    import torch
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale                          # (B, H, Nq, Nk) in q's dtype
+    if causal:
+        nq, nk = q.shape[-2], k.shape[-2]
+        visible = torch.as_tensor(causal_mask(0, nq, 0, nk, nq, nk), device=q.device)
+        s = s.masked_fill(~visible, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)                   # all -inf rows -> 0
+    return p @ v
+
+
+def assert_fa_rule(actual, baseline, expected, *, factor=2.0, floor=0.0, name="value"):
+    """FlashAttention's rule: ``max|actual - expected| <= factor * max|baseline - expected| + floor``.
+
+    ``baseline`` is a plain same-dtype implementation (:func:`plain_torch_attention`), ``expected``
+    the float64 oracle. Returns ``(error, baseline_error)``. Explained in: notebooks/07_triton.
+    """
+    err, base = max_error(_np64(actual), expected), max_error(_np64(baseline), expected)
+    if not err <= factor * base + floor:
+        raise AssertionError(f"{name}: max error {err:.3e} exceeds {factor}x the plain same-dtype "
+                             f"implementation's {base:.3e} (+{floor:.1e})")
+    return err, base

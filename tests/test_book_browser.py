@@ -1,0 +1,94 @@
+"""The built book in a real browser: every chapter page opened in headless Chromium.
+
+Fails on a page that shows an error output (a traceback or text on stderr), an image that did not
+load, or an internal link whose target page or anchor does not exist. Keeps screenshots of two pages in
+``_build/screenshots``. Runs after ``jupyter-book build`` (``make test`` orders it so).
+"""
+import pathlib
+import shutil
+import urllib.parse
+
+import pytest
+import yaml
+from conftest import require, require_module
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+SHOTS = ROOT / "_build" / "screenshots"
+pytestmark = pytest.mark.book
+
+
+def _toc_pages():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    pages = [toc["root"]]
+    for part in toc.get("parts", []):
+        pages += [c["file"] for c in part["chapters"]]
+    return pages
+
+
+@pytest.fixture(scope="module")
+def browser():
+    require(HTML.joinpath("index.html").exists(), "the book is not built: run `make book` first")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    require(chromium and driver_path, "headless Chromium and chromedriver are not installed "
+                                    "(Debian: apt-get install chromium chromium-driver)")
+    require_module("selenium")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,1600", "--allow-file-access-from-files"):
+        opts.add_argument(arg)
+    drv = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
+    drv.set_page_load_timeout(60)
+    yield drv
+    drv.quit()
+
+
+def _ids_of(page: pathlib.Path, cache={}) -> set[str]:
+    if page not in cache:
+        import re
+        cache[page] = set(re.findall(r'\bid="([^"]+)"', page.read_text(errors="replace")))
+    return cache[page]
+
+
+@pytest.mark.parametrize("page", _toc_pages())
+def test_page_renders_without_errors(browser, page):
+    html = HTML / f"{page}.html"
+    assert html.exists(), f"{page} is in _toc.yml but was not built to {html}"
+    browser.get(html.as_uri())
+    errors = browser.execute_script("""
+        return Array.from(document.querySelectorAll(
+            '.cell_output .output.traceback, .cell_output .output.error, .cell_output .output.stderr'))
+            .map(e => e.innerText.slice(0, 300));""")
+    assert not errors, f"{page}: error output shown to the reader: {errors}"
+    browser.execute_script("return Promise.all(Array.from(document.images).map(i => i.decode()"
+                           ".catch(() => null)))")
+    broken = browser.execute_script("""
+        return Array.from(document.images)
+            .filter(i => !i.complete || i.naturalWidth === 0).map(i => i.getAttribute('src'));""")
+    assert not broken, f"{page}: images that did not load: {broken}"
+    hrefs = browser.execute_script(
+        "return Array.from(document.querySelectorAll('a[href]')).map(a => a.href);")
+    bad = []
+    for href in hrefs:
+        url = urllib.parse.urlparse(href)
+        if url.scheme != "file":
+            continue
+        target = pathlib.Path(urllib.parse.unquote(url.path))
+        if not target.exists():
+            bad.append(href)
+        elif url.fragment and target.suffix == ".html" and url.fragment not in _ids_of(target):
+            bad.append(href)
+    assert not bad, f"{page}: broken internal links: {bad}"
+
+
+@pytest.mark.parametrize("page", ["book/intro", "notebooks/03_flashattention1"])
+def test_screenshots_are_kept(browser, page):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser.get((HTML / f"{page}.html").as_uri())
+    out = SHOTS / (page.replace("/", "_") + ".png")
+    assert browser.save_screenshot(str(out))
+    assert out.stat().st_size > 10_000      # a real rendering, not a blank page
