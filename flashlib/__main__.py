@@ -1,0 +1,69 @@
+"""``python -m flashlib <command>``: the library's command line.
+
+Commands live in :data:`COMMANDS` (name -> (help, add_arguments, run)); adding one is one entry:
+``COMMANDS["info"] = ("print the environment", add_info_arguments, run_info)`` where
+``run(args) -> int`` is the exit code. Unknown commands or options print the usage (exit code 2).
+
+Explained in: notebooks/07_triton.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _add_report_arguments(parser) -> None:
+    parser.add_argument("--arch", action="append", default=None, metavar="SM",
+                        help="architecture, e.g. sm_80 (repeatable; default: sm_75 sm_80 sm_86 sm_89 sm_90)")
+    parser.add_argument("--no-cache", action="store_true", help="compile afresh, ignoring the disk cache")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def _run_report(args) -> int:
+    from .inspect import ARCHS, compile_report, format_report, summary
+    rows = compile_report(tuple(args.arch) if args.arch else ARCHS, cache=not args.no_cache)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(format_report(rows))
+        print()
+        print(summary(rows))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _add_bench_arguments(parser) -> None:
+    from .bench import add_arguments
+    add_arguments(parser)
+
+
+def _run_bench(args) -> int:
+    from .bench import main
+    return main(args)
+
+
+COMMANDS = {
+    "bench": ("time the Triton kernels vs torch SDPA and naive attention (GPU; on CPU: compile report)",
+              _add_bench_arguments, _run_bench),
+    "compile-report": ("compile every kernel for sm_75..sm_90 and print registers/spills/smem/tensor cores",
+                       _add_report_arguments, _run_report),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m flashlib", description="flashlib's command line")
+    sub = parser.add_subparsers(dest="command", metavar="command", required=True)
+    for name, (help_text, add_arguments, run) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(p)
+        p.set_defaults(run=run)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

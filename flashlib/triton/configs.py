@@ -1,0 +1,157 @@
+# configs.py — block sizes, warps and pipeline stages for every Triton kernel, per architecture.
+# Changed from "one config for all" (Triton's tutorial): a short ordered list of candidates per kernel,
+#   from the largest tile down; the first whose shared-memory estimate fits the architecture's
+#   per-block limit (flashlib.hardware.ARCH_SMEM_LIMIT: T4 64 KB, sm_86/89 99 KB, A100 163 KB,
+#   H100 227 KB) is used. On sm_75 Triton's tl.dot runs on CUDA cores (FFMA) with a large stack, so
+#   sm_75 gets its own, smaller tiles. In the interpreter, small blocks so that short test sequences
+#   still cross several blocks (the masks are what tests must reach).
+# Idea: FlashAttention-2's per-GPU tile choices; pruning by shared memory as Triton's autotuner
+#   `prune_configs_by` hook does (we choose by rule, not by timing: no GPU to time on here).
+# Limits: the estimate is the tiles' bytes (Q, and K/V times the pipeline depth); the compile report
+#   (flashlib.inspect.compile_report) measures the real figure and the tests check it fits.
+# Run: pick_config("fwd", q.device, block_d=128, elem_bytes=2).
+"""Per-architecture kernel configurations.  Explained in: notebooks/07_triton."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware import ARCH_SMEM_LIMIT
+
+__all__ = ["Config", "KERNELS", "CANDIDATES", "INTERPRETER", "smem_estimate", "arch_config",
+           "arch_candidates", "pick_config", "launch", "run_with_fallback", "device_arch",
+           "check_dtype_arch"]
+
+# On sm_75 Triton stages both operands of its FFMA dot through shared memory: the compile report
+# measured 1.2-1.9x the tile bytes of smem_estimate there (at or below it on sm_80+).
+SM75_SMEM_FACTOR = 2
+
+
+@dataclass(frozen=True)
+class Config:
+    """One launch configuration: query rows per program, keys per step, warps, pipeline stages."""
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __str__(self) -> str:
+        return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+
+# The kernels that need a config: FA2 forward, the two backward kernels, the decode split kernel.
+# (The D preprocess and the decode combine are elementwise/reduction kernels with fixed small blocks.)
+KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "decode")
+
+# Candidates from the largest tile down. For bwd_dkdv, block_n is the key block a program owns and
+# block_m the query step; for bwd_dq the reverse, as in the forward. For decode, block_m caps the
+# stacked query rows (GQA group x Nq) a program takes.
+CANDIDATES: dict[str, list[Config]] = {
+    "fwd": [Config(128, 64, 8, 3), Config(128, 32, 8, 2), Config(64, 64, 4, 2), Config(64, 32, 4, 2),
+            Config(32, 32, 4, 1)],
+    "bwd_dkdv": [Config(32, 64, 8, 2), Config(16, 64, 4, 2), Config(16, 32, 4, 1)],
+    "bwd_dq": [Config(128, 32, 8, 2), Config(64, 32, 4, 2), Config(64, 16, 4, 2), Config(32, 16, 4, 1)],
+    "decode": [Config(64, 64, 4, 2), Config(32, 32, 4, 1)],
+}
+# sm_75 (FFMA for tl.dot): small tiles and 8 warps keep the fp32 partial products in registers
+# (compile report, d = 128: no spills; 64 x 32 tiles spilled ~15 KB per thread).
+SM75: dict[str, list[Config]] = {
+    "fwd": [Config(32, 16, 8, 1)],
+    "bwd_dkdv": [Config(16, 32, 4, 1), Config(16, 16, 4, 1)],
+    "bwd_dq": [Config(16, 16, 8, 1)],
+    "decode": [Config(16, 32, 4, 1)],
+}
+INTERPRETER: dict[str, Config] = {
+    "fwd": Config(32, 16), "bwd_dkdv": Config(16, 32), "bwd_dq": Config(32, 16), "decode": Config(64, 16),
+}
+
+
+def smem_estimate(kernel: str, cfg: Config, block_d: int, elem_bytes: int) -> int:
+    """Shared-memory bytes of the tiles a program stages: resident tile + pipelined tiles x stages."""
+    stages = max(1, cfg.num_stages)
+    if kernel in ("fwd", "decode"):            # Q resident; K and V streamed
+        resident, streamed = cfg.block_m * block_d, 2 * cfg.block_n * block_d
+    elif kernel == "bwd_dkdv":                 # K, V resident; Q and dO streamed, plus the P/dS tile
+        resident = 2 * cfg.block_n * block_d + 2 * cfg.block_m * cfg.block_n
+        streamed = 2 * cfg.block_m * block_d
+    elif kernel == "bwd_dq":                   # Q, dO resident; K and V streamed, plus the dS tile
+        resident = 2 * cfg.block_m * block_d + cfg.block_m * cfg.block_n
+        streamed = 2 * cfg.block_n * block_d
+    else:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    return (resident + stages * streamed) * elem_bytes
+
+
+def _limit_bytes(arch: str) -> int:
+    if arch in ARCH_SMEM_LIMIT:
+        return ARCH_SMEM_LIMIT[arch] * 1024
+    cc = int(arch.removeprefix("sm_").rstrip("a"))
+    known = [a for a in ARCH_SMEM_LIMIT if int(a[3:]) <= cc]      # nearest older architecture we know
+    return ARCH_SMEM_LIMIT[max(known, key=lambda a: int(a[3:]))] * 1024 if known else 48 * 1024
+
+
+def arch_candidates(kernel: str, arch: str, block_d: int, elem_bytes: int, *,
+                    limit: int | None = None) -> list[Config]:
+    """The candidates for ``kernel`` on ``arch`` that fit its shared memory, largest first (at least the
+    smallest candidate, even if its estimate does not fit: the launch then says so)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    table = SM75 if arch == "sm_75" else CANDIDATES
+    factor = SM75_SMEM_FACTOR if arch == "sm_75" else 1
+    limit = _limit_bytes(arch) if limit is None else limit
+    fits = [c for c in table[kernel] if factor * smem_estimate(kernel, c, block_d, elem_bytes) <= limit]
+    return fits or [table[kernel][-1]]
+
+
+def arch_config(kernel: str, arch: str, block_d: int, elem_bytes: int, *, limit: int | None = None) -> Config:
+    """The first candidate for ``kernel`` whose shared-memory estimate fits ``arch`` (e.g. "sm_80")."""
+    return arch_candidates(kernel, arch, block_d, elem_bytes, limit=limit)[0]
+
+
+def device_arch(device) -> str:
+    """``"sm_XY"`` of a CUDA device."""
+    import torch
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def _device_candidates(kernel: str, device, block_d: int, elem_bytes: int) -> list[Config]:
+    if device.type != "cuda":
+        return [INTERPRETER[kernel]]
+    import torch
+    props = torch.cuda.get_device_properties(device)
+    limit = getattr(props, "shared_memory_per_block_optin", None)   # the device's own figure if known
+    return arch_candidates(kernel, device_arch(device), block_d, elem_bytes, limit=limit)
+
+
+def pick_config(kernel: str, device, block_d: int, elem_bytes: int) -> Config:
+    """The config for ``kernel`` on ``device``: the interpreter's on CPU, else :func:`arch_config`."""
+    return _device_candidates(kernel, device, block_d, elem_bytes)[0]
+
+
+def run_with_fallback(run, candidates):
+    """``run(cfg)`` with the first candidate; while Triton raises OutOfResources (more shared memory or
+    registers than the device has: our estimate was wrong), retry with the next, smaller one."""
+    from triton.runtime.errors import OutOfResources
+    for i, cfg in enumerate(candidates):
+        try:
+            return run(cfg)
+        except OutOfResources:
+            if i == len(candidates) - 1:
+                raise
+
+
+def launch(kernel: str, device, block_d: int, elem_bytes: int, run, config: Config | None = None):
+    """Launch ``run(cfg)`` for ``kernel``: with ``config`` if given, else the device's candidates
+    in order (:func:`run_with_fallback`)."""
+    if config is not None:
+        return run(config)
+    return run_with_fallback(run, _device_candidates(kernel, device, block_d, elem_bytes))
+
+
+def check_dtype_arch(dtype_name: str, arch: str) -> None:
+    """Refuse bfloat16 before sm_80: no bf16 tensor-core instructions (and Triton fails to compile it
+    on a T4). ``dtype_name`` like "bfloat16", ``arch`` like "sm_75"."""
+    cc = int(arch.removeprefix("sm_").rstrip("a"))
+    if dtype_name == "bfloat16" and cc < 80:
+        raise ValueError(f"backend='triton': bfloat16 needs compute capability 8.0 (sm_80) or newer; this "
+                         f"GPU is {arch} (e.g. a T4). Use float16 on this GPU.")
