@@ -181,6 +181,52 @@ register_backend(Backend("triton", _triton_forward, _triton_backward, _triton_de
 
 
 # --------------------------------------------------------------------------------------------------
+# The "cuda" backend: flashlib/csrc's CUDA C++ kernels — NVRTC on a GPU, flashlib's emulator on a CPU.
+# v1 (scalar) takes fp32, v2 (WMMA tensor cores) fp16/bf16. There is no CUDA backward kernel: the
+# backward is Triton's on a GPU and the reference (NumPy FA2) on a CPU, from the same saved LSE.
+# --------------------------------------------------------------------------------------------------
+
+def _cuda_forward(q, k, v, *, causal, scale, allow_tf32=False):
+    from . import cuda
+    return cuda.forward(q, k, v, causal=causal, scale=scale)
+
+
+def _cuda_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False):
+    other = BACKENDS["triton" if q.device.type == "cuda" else "reference"]
+    return other.backward(q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32)
+
+
+def _cuda_decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
+    from . import cuda
+    return cuda.decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, num_splits=num_splits,
+                       scale=scale)
+
+
+def _cuda_check(q, op):
+    import importlib.util
+
+    import torch
+    from .cuda import build
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"backend='cuda' takes float32 (kernel v1) or float16/bfloat16 (kernel v2), "
+                        f"got {q.dtype}")
+    if q.device.type == "cpu":
+        if build.find_tool("g++") is None:
+            raise RuntimeError("backend='cuda' runs CPU tensors in flashlib's CUDA emulator, which "
+                               "needs g++: not found on PATH")
+    elif q.device.type == "cuda":
+        if importlib.util.find_spec("cupy") is None:
+            raise RuntimeError("backend='cuda' compiles the kernels with NVRTC through CuPy, which is "
+                               "not installed (pip install cupy-cuda12x)")
+    else:
+        raise ValueError(f"backend='cuda' runs on CUDA or CPU tensors, got device {q.device}")
+
+
+register_backend(Backend("cuda", _cuda_forward, _cuda_backward, _cuda_decode, _cuda_check,
+                         "flashlib/csrc CUDA C++ kernels (NVRTC on a GPU, the emulator on CPU)"))
+
+
+# --------------------------------------------------------------------------------------------------
 # Layer 2: autograd, in flashlib/_ops.py (imported on first use, so that importing flashlib needs no
 # torch): with torch >= 2.4 the custom ops "flashlib::attention_fwd" / "flashlib::attention_bwd" with
 # fake implementations and registered autograd (torch.compile sees one opaque op: no graph break);

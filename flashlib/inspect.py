@@ -270,7 +270,13 @@ def triton_rows(archs=ARCHS, *, cache: bool = True) -> list[dict]:
     return _all_rows(_check_archs(archs), cache)
 
 
-ROW_PRODUCERS: list[Callable] = [triton_rows]
+def cuda_rows(archs=ARCHS, *, cache: bool = True) -> list[dict]:
+    """The CUDA C++ kernels' rows (nvcc -cubin per architecture; flashlib.cuda caches per source)."""
+    from . import cuda
+    return cuda.compile_rows(tuple(archs))
+
+
+ROW_PRODUCERS: list[Callable] = [triton_rows, cuda_rows]
 
 
 def compile_report(archs=ARCHS, *, cache: bool = True) -> list[dict]:

@@ -1,0 +1,3 @@
+// cuda_fp16.h — emulator stand-in for the CUDA header of the same name: everything lives in emulator.h.
+#pragma once
+#include "../emulator.h"
