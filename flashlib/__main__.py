@@ -42,7 +42,34 @@ def _run_bench(args) -> int:
     return main(args)
 
 
+def _add_info_arguments(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="print as JSON")
+
+
+def _run_info(args) -> int:
+    from .selfcheck import format_info, info
+    d = info()
+    print(json.dumps(d, indent=1) if args.json else format_info(d))
+    return 0
+
+
+def _add_check_arguments(parser) -> None:
+    parser.add_argument("--backend", action="append", default=None, metavar="NAME",
+                        help="check only this backend (repeatable; default: every registered one)")
+
+
+def _run_check(args) -> int:
+    from .selfcheck import check, format_check
+    rows = check(args.backend)
+    print(format_check(rows))
+    return 1 if any(r["status"] == "FAIL" for r in rows) else 0
+
+
 COMMANDS = {
+    "info": ("versions, the device, and which backends can run here (and why not)",
+             _add_info_arguments, _run_info),
+    "check": ("run every available backend against the float64 oracle on this device: pass/fail table",
+              _add_check_arguments, _run_check),
     "bench": ("time the Triton kernels vs torch SDPA and naive attention (GPU; on CPU: compile report)",
               _add_bench_arguments, _run_bench),
     "compile-report": ("compile every kernel for sm_75..sm_90 and print registers/spills/smem/tensor cores",

@@ -1,0 +1,120 @@
+"""Route ``torch.nn.functional.scaled_dot_product_attention`` to flashlib where flashlib supports it.
+
+Importing this module changes nothing. :func:`enable` replaces the function in
+``torch.nn.functional`` with a router; :func:`disable` puts the original function object back;
+:func:`enabled` does both around a block of code. ``import flashlib.auto.on`` enables it in one line
+(the switch flash-attention-ipu offers).
+
+A call is routed to :func:`flashlib.attention` only when flashlib computes exactly what SDPA computes:
+4-D ``(B, H, N, d)`` tensors on a CPU or CUDA device, fp16/bf16/fp32, one dtype, ``attn_mask=None``,
+``dropout_p == 0``, the same head dim for q, k and v (at most 256), equal head counts or
+``enable_gqa=True`` with ``H % Hkv == 0``. Everything else goes to the original function, so an
+unsupported call gives SDPA's own result or SDPA's own error.
+
+SDPA's ``is_causal`` is **top-left** aligned (query i sees key j iff ``j <= i``), unlike flashlib's
+bottom-right ``causal``. The router reproduces SDPA: with ``Nq < Nk`` the keys past ``Nq`` are never
+visible, so it attends to the first ``Nq`` keys; with ``Nq > Nk`` the first ``Nk`` queries form a square
+causal problem and the rest see every key.
+
+Explained in: notebooks/09_models.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["enable", "disable", "enabled", "is_enabled", "stats", "route_reason"]
+
+_original = None            # the function object enable() replaced; None while disabled
+stats = {"routed": 0, "fallback": 0}
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def route_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False) -> str | None:
+    """``None`` when flashlib can take this SDPA call, else why it falls back to the original."""
+    ts = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) for t in ts):
+        return "query, key and value must all be tensors"
+    if attn_mask is not None:
+        return "attn_mask is not supported"
+    if dropout_p != 0.0:
+        return "dropout_p != 0 is not supported"
+    if any(t.dim() != 4 for t in ts):
+        return "only 4-D (B, H, N, d) tensors are routed"
+    if len({t.dtype for t in ts}) != 1 or query.dtype not in _DTYPES:
+        return "dtypes must be one of fp16, bf16, fp32 and equal"
+    if len({t.device for t in ts}) != 1 or query.device.type not in ("cpu", "cuda"):
+        return "tensors must share one CPU or CUDA device"
+    (b, h, nq, d), (bk, hk, nk, dk), (bv, hv, nv, dv) = query.shape, key.shape, value.shape
+    if not (b == bk == bv and hk == hv and nk == nv and d == dk == dv) or 0 in (b, h, nq, nk, d):
+        return "shapes are not (B, H, Nq, d), (B, Hkv, Nk, d), (B, Hkv, Nk, d) with nothing empty"
+    if d > 256:
+        return "head dim > 256"
+    if hk != h and not (enable_gqa and h % hk == 0):
+        return "different head counts need enable_gqa=True and H % Hkv == 0"
+    if query.dtype == torch.bfloat16 and query.is_cuda \
+            and torch.cuda.get_device_capability(query.device) < (8, 0):
+        return "bf16 needs sm_80 or newer"
+    if scale is not None and not isinstance(scale, (int, float)):
+        return "scale must be a number"
+    return None
+
+
+def _sdpa_top_left_causal(q, k, v, scale):
+    """SDPA's top-left ``is_causal`` from flashlib's bottom-right ``causal``.  (B, H, Nq, d)"""
+    from .. import attention
+    nq, nk = q.shape[-2], k.shape[-2]
+    if nq <= nk:                     # keys >= Nq are in every query's future: a square problem
+        return attention(q, k[..., :nq, :], v[..., :nq, :], causal=True, scale=scale)
+    head = attention(q[..., :nk, :], k, v, causal=True, scale=scale)    # square part
+    tail = attention(q[..., nk:, :], k, v, causal=False, scale=scale)   # sees every key
+    return torch.cat([head, tail], dim=-2)
+
+
+def _router(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+            enable_gqa=False):
+    if route_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        stats["fallback"] += 1
+        return _original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    stats["routed"] += 1
+    if is_causal:
+        return _sdpa_top_left_causal(query, key, value, scale)
+    from .. import attention
+    return attention(query, key, value, causal=False, scale=scale)
+
+
+def enable() -> None:
+    """Route supported SDPA calls to flashlib (idempotent)."""
+    global _original
+    if _original is None:
+        _original = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = _router
+
+
+def disable() -> None:
+    """Restore the original ``torch.nn.functional.scaled_dot_product_attention`` object (idempotent)."""
+    global _original
+    if _original is not None:
+        F.scaled_dot_product_attention = _original
+        _original = None
+
+
+def is_enabled() -> bool:
+    """Whether SDPA is currently routed."""
+    return _original is not None
+
+
+@contextlib.contextmanager
+def enabled():
+    """Route SDPA inside a ``with`` block; the state before the block is restored after it."""
+    was = is_enabled()
+    enable()
+    try:
+        yield
+    finally:
+        if not was:
+            disable()

@@ -1,0 +1,7 @@
+"""``import flashlib.auto.on`` routes SDPA to flashlib for the rest of the program (see flashlib.auto).
+
+Explained in: notebooks/09_models.
+"""
+from . import enable
+
+enable()

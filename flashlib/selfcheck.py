@@ -1,0 +1,185 @@
+"""``python -m flashlib info`` and ``python -m flashlib check``: what is here, and does it work here.
+
+``info`` lists versions, the device, and each backend with whether it can run on this device (and why
+not). ``check`` runs every backend that can run against the float64 oracle at a few awkward shapes on
+the present device (a CUDA GPU if there is one, else the CPU) — forward, backward and decode — and prints
+a pass/fail table: the first thing a Colab reader runs.
+
+Explained in: notebooks/09_models.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import shutil
+import time
+
+__all__ = ["info", "check", "format_info", "format_check", "CHECK_CASES"]
+
+# (B, H, Hkv, Nq, Nk, d, causal): odd lengths, Nq != Nk both ways, fully-masked rows, GQA, MQA
+CHECK_CASES = [
+    (1, 2, 2, 37, 37, 64, True),
+    (2, 4, 2, 19, 45, 40, False),
+    (1, 2, 1, 45, 19, 59, True),          # causal with Nq > Nk: rows that see nothing
+    (1, 1, 1, 1, 130, 128, False),
+]
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _device():
+    import torch
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def info() -> dict:
+    """Versions, the device, compilers, and per backend ``(available, reason)`` on this device."""
+    import torch
+
+    from . import __version__
+    from .api import BACKENDS
+    dev = _device()
+    out = {
+        "flashlib": __version__, "python": platform.python_version(), "numpy": _version("numpy"),
+        "torch": torch.__version__, "triton": _version("triton"),
+        "device": "cpu (no CUDA GPU: Triton runs in its interpreter)" if dev.type == "cpu" else
+        f"{torch.cuda.get_device_name(0)} (sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}, "
+        f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs)",
+        "nvcc": shutil.which("nvcc") or "not found", "g++": shutil.which("g++") or "not found",
+        "backends": {},
+    }
+    probe = torch.zeros(1, 1, 1, 16, device=dev, dtype=torch.float32)
+    for name, backend in sorted(BACKENDS.items()):
+        try:
+            backend.check(probe, "attention")
+            out["backends"][name] = (True, backend.description)
+        except Exception as e:                     # noqa: BLE001 - the reason is what we report
+            out["backends"][name] = (False, f"{type(e).__name__}: {e}")
+    return out
+
+
+def format_info(d: dict) -> str:
+    lines = [f"{k:>9}: {v}" for k, v in d.items() if k != "backends"]
+    lines.append(" backends:")
+    for name, (ok, why) in d["backends"].items():
+        lines.append(f"   {name:<10} {'available' if ok else 'NOT available'} — {why}")
+    return "\n".join(lines)
+
+
+def _dtypes(dev):
+    import torch
+    if dev.type == "cpu":
+        return [torch.float32, torch.float16]
+    cc = torch.cuda.get_device_capability(dev)
+    return [torch.float32, torch.float16] + ([torch.bfloat16] if cc >= (8, 0) else [])
+
+
+def _one(backend, case, dtype, dev) -> tuple[bool, float, str]:
+    """Forward + backward of one case; returns (ok, worst error ratio or error, note)."""
+    import torch
+
+    from . import api
+    from .testing import assert_close, assert_fa_rule, plain_torch_attention, reference_gqa
+    b, h, hkv, nq, nk, d, causal = case
+    g = torch.Generator().manual_seed(nq * 131 + nk)
+    q, k, v, do = (torch.randn(*s, generator=g).to(dev, dtype)
+                   for s in ((b, h, nq, d), (b, hkv, nk, d), (b, hkv, nk, d), (b, h, nq, d)))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    o, lse = api.attention(q, k, v, causal=causal, return_lse=True, backend=backend)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    o_ref, lse_ref, g_ref = reference_gqa(q, k, v, causal=causal, do=do)
+    if dtype == torch.float32:
+        assert_close(o.detach().cpu().double(), o_ref, atol=2e-5, rtol=2e-5, name="o")
+        assert_close(lse.detach().cpu().double(), lse_ref, atol=2e-5, rtol=2e-5, name="lse")
+        for got, want, n in zip(grads, g_ref, ("dq", "dk", "dv")):
+            assert_close(got.cpu().double(), want, atol=1e-4, rtol=1e-4, name=n)
+        return True, 0.0, "fp32 within 2e-5 (grads 1e-4) of the float64 oracle"
+    base = plain_torch_attention(q, k, v, causal=causal)
+    base_grads = torch.autograd.grad(base, (q, k, v), do)
+    assert_fa_rule(o, base, o_ref, factor=2.0, name="o")
+    for got, bg, want, n in zip(grads, base_grads, g_ref, ("dq", "dk", "dv")):
+        assert_fa_rule(got, bg, want, factor=3.0, name=n)
+    return True, 0.0, "within FlashAttention's rule (2x / 3x a plain same-dtype implementation)"
+
+
+def _decode_one(backend, dtype, dev) -> tuple[bool, float, str]:
+    """A ragged decode (lengths 77, 5 and 0) against the oracle, sequence by sequence."""
+    import numpy as np
+    import torch
+
+    from . import api
+    from .testing import assert_close, assert_fa_rule, plain_torch_attention, reference_gqa
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(3, 4, 1, 64, generator=g).to(dev, dtype)
+    kc, vc = (torch.randn(3, 2, 77, 64, generator=g).to(dev, dtype) for _ in range(2))
+    lens = torch.tensor([77, 5, 0], device=dev, dtype=torch.int32)
+    o, lse = api.decode(q, kc, vc, cache_seqlens=lens, return_lse=True, backend=backend)
+    for b, n in enumerate(lens.tolist()):
+        if n == 0:
+            assert_close(o[b].cpu().double(), np.zeros(o[b].shape), atol=0, rtol=0, name="empty o")
+            assert bool(torch.isneginf(lse[b]).all()), "lse of an empty cache must be -inf"
+            continue
+        o_ref, _ = reference_gqa(q[b:b + 1], kc[b:b + 1, :, :n], vc[b:b + 1, :, :n])
+        if dtype == torch.float32:
+            assert_close(o[b:b + 1].cpu().double(), o_ref, atol=2e-5, rtol=2e-5, name="decode o")
+        else:
+            base = plain_torch_attention(q[b:b + 1], kc[b:b + 1, :, :n], vc[b:b + 1, :, :n])
+            assert_fa_rule(o[b:b + 1], base, o_ref, name="decode o")
+    return True, 0.0, "ragged cache (77, 5, 0) matches the oracle"
+
+
+def check(backends=None) -> list[dict]:
+    """Run each backend that can run here against the oracle; one row per (backend, dtype, case)."""
+    import torch
+
+    from .api import BACKENDS
+    dev = _device()
+    names = sorted(BACKENDS) if backends is None else list(backends)
+    rows = []
+    for name in names:
+        if name not in BACKENDS:
+            raise ValueError(f"backends must name registered backends {sorted(BACKENDS)}, got {name!r}")
+        for dtype in _dtypes(dev):
+            probe = torch.zeros(1, 1, 1, 16, device=dev, dtype=dtype)
+            try:
+                BACKENDS[name].check(probe, "attention")
+            except Exception as e:                 # noqa: BLE001 - reported as "skipped: why"
+                rows.append({"backend": name, "dtype": str(dtype)[6:], "case": "-", "status": "skipped",
+                             "note": f"{type(e).__name__}: {e}", "seconds": 0.0})
+                continue
+            for case in [*CHECK_CASES, "decode"]:
+                t0 = time.perf_counter()
+                try:
+                    _, _, note = (_decode_one(name, dtype, dev) if case == "decode"
+                                  else _one(name, case, dtype, dev))
+                    status = "pass"
+                except AssertionError as e:
+                    status, note = "FAIL", str(e)
+                rows.append({"backend": name, "dtype": str(dtype)[6:], "case": _case_name(case),
+                             "status": status, "note": note,
+                             "seconds": round(time.perf_counter() - t0, 2)})
+    return rows
+
+
+def _case_name(case) -> str:
+    if case == "decode":
+        return "decode B3 H4/2 Nq1 Nmax77 d64 ragged"
+    b, h, hkv, nq, nk, d, causal = case
+    return f"B{b} H{h}/{hkv} Nq{nq} Nk{nk} d{d}{' causal' if causal else ''}"
+
+
+def format_check(rows) -> str:
+    head = f"{'backend':<10} {'dtype':<9} {'case':<37} {'status':<7} {'s':>6}  note"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['backend']:<10} {r['dtype']:<9} {r['case']:<37} {r['status']:<7} "
+                     f"{r['seconds']:>6.2f}  {r['note'][:90]}")
+    passed = sum(r["status"] == "pass" for r in rows)
+    failed = sum(r["status"] == "FAIL" for r in rows)
+    lines.append(f"{passed} passed, {failed} failed")
+    return "\n".join(lines)
