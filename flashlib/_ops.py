@@ -33,7 +33,9 @@ if hasattr(torch.library, "custom_op"):
 
     @attention_fwd.register_fake
     def _(q, k, v, causal, scale, allow_tf32, backend):
-        return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
+        # Contiguous, whatever q's strides: the real op returns contiguous tensors too, and
+        # torch.compile plans views from these strides.
+        return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
 
     @torch.library.custom_op("flashlib::attention_bwd", mutates_args=(), schema=(
         "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, float scale,"
@@ -43,7 +45,7 @@ if hasattr(torch.library, "custom_op"):
 
     @attention_bwd.register_fake
     def _(q, k, v, o, lse, do, causal, scale, allow_tf32, backend):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def _backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors

@@ -235,12 +235,14 @@ register_backend(Backend("cuda", _cuda_forward, _cuda_backward, _cuda_decode, _c
 # --------------------------------------------------------------------------------------------------
 
 def _fwd_impl(q, k, v, causal, scale, allow_tf32, backend):
-    return BACKENDS[backend].forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32)
+    o, lse = BACKENDS[backend].forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32)
+    return o.contiguous(), lse.contiguous()         # the op's promise (see its fake in _ops.py)
 
 
 def _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend):
-    return BACKENDS[backend].backward(q, k, v, o, lse, do, causal=causal, scale=scale,
-                                      allow_tf32=allow_tf32)
+    grads = BACKENDS[backend].backward(q, k, v, o, lse, do, causal=causal, scale=scale,
+                                       allow_tf32=allow_tf32)
+    return tuple(g.contiguous() for g in grads)
 
 
 def _setup_context(ctx, inputs, output):

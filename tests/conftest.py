@@ -15,6 +15,11 @@ import pytest
 
 REQUIRE_ALL = os.environ.get("FLASHLIB_REQUIRE_ALL", "") not in ("", "0")
 
+# Triton's mode (interpreter or compiler) is fixed by its first import in a process. torch.compile
+# imports triton too; let flashlib choose first in every test process (interpreter when no GPU).
+if importlib.util.find_spec("triton") is not None:
+    import flashlib.triton  # noqa: E402,F401
+
 
 def require(available: bool, reason: str) -> None:
     """Skip the calling test with ``reason`` if not ``available``; fail it under FLASHLIB_REQUIRE_ALL."""
