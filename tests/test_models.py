@@ -1,0 +1,273 @@
+"""Tests of flashlib/models (gpt.py): the three attention choices agree, GQA, training, flashlib.auto
+routing, the tokenizer and the shipped text, and bad input. Tiny models: the whole file runs in seconds."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flashlib.auto
+from flashlib.models import (ATTENTION_CHOICES, GPT, CharTokenizer, GPTConfig, causal_attention,
+                             generate, get_batch, load_text, texts, train)
+
+
+def tiny(attention="flashlib", *, n_head=4, n_kv_head=None, n_embd=32, n_layer=2, vocab=11, block=16,
+         dtype=torch.float64, seed=0):
+    torch.manual_seed(seed)
+    cfg = GPTConfig(vocab, block, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, n_embd=n_embd,
+                    attention=attention)
+    return GPT(cfg).to(dtype)
+
+
+def tokens(B=2, T=13, vocab=11, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(vocab, (B, T), generator=g), torch.randint(vocab, (B, T), generator=g)
+
+
+def run(model, idx, targets):
+    model.zero_grad(set_to_none=True)
+    logits, loss = model(idx, targets)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    return logits.detach(), loss.detach(), grads
+
+
+def max_abs(a, b):
+    return (a - b).abs().max().item()
+
+
+# --------------------------------------------------------------------------------------------------
+# The three attention choices compute the same model.
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-10), (torch.float32, 2e-5)], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("heads", [(4, None), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
+def test_three_attentions_same_logits_loss_and_gradients(dtype, atol, heads):
+    idx, targets = tokens(T=13)                                          # T = 13: no block multiple
+    results = {}
+    for att in ATTENTION_CHOICES:
+        model = tiny(att, n_head=heads[0], n_kv_head=heads[1], dtype=dtype)
+        results[att] = run(model, idx, targets)
+    ref_logits, ref_loss, ref_grads = results["naive"]
+    scale = max(g.abs().max().item() for g in ref_grads.values())
+    for att in ("flashlib", "sdpa"):
+        logits, loss, grads = results[att]
+        assert logits.dtype == dtype and logits.shape == (2, 13, 11)
+        assert max_abs(logits, ref_logits) <= atol, att
+        assert abs(loss.item() - ref_loss.item()) <= atol, att
+        assert grads.keys() == ref_grads.keys()
+        for name, g in grads.items():
+            assert max_abs(g, ref_grads[name]) <= atol * max(1.0, scale), f"{att} grad {name}"
+
+
+def test_set_attention_switches_every_block_and_keeps_weights():
+    model = tiny("naive")
+    idx, targets = tokens()
+    naive = run(model, idx, targets)
+    state = copy.deepcopy(model.state_dict())
+    assert model.set_attention("flashlib") is model
+    assert model.config.attention == "flashlib"
+    assert all(b.attn.attention == "flashlib" for b in model.transformer.h)
+    flash = run(model, idx, targets)
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert max_abs(flash[0], naive[0]) <= 1e-10
+    with pytest.raises(ValueError, match="attention must be one of"):
+        model.set_attention("flash")
+
+
+def test_weight_tying_and_same_init_for_every_attention():
+    models = [tiny(att) for att in ATTENTION_CHOICES]
+    for m in models:
+        assert m.lm_head.weight is m.transformer.wte.weight
+    sd = [m.state_dict() for m in models]
+    assert all(torch.equal(sd[0][k], s[k]) for s in sd[1:] for k in sd[0])
+    # the tied weight is counted once; c_attn has (n_head + 2 n_kv_head) * head_dim outputs
+    gqa = tiny(n_head=4, n_kv_head=1, n_embd=32)
+    assert gqa.transformer.h[0].attn.c_attn.out_features == (4 + 2) * 8
+    assert gqa.num_params() == len(torch.nn.utils.parameters_to_vector(gqa.parameters()))
+
+
+@settings(max_examples=8, deadline=None)
+@given(n_kv=st.sampled_from([1, 2, 4]), T=st.integers(1, 16), B=st.integers(1, 3), seed=st.integers(0, 9))
+def test_causal_attention_property_flashlib_equals_naive(n_kv, T, B, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, 4, T, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(B, n_kv, T, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(B, n_kv, T, 8, generator=g, dtype=torch.float64)
+    ref = causal_attention(q, k, v, "naive")
+    for att in ("flashlib", "sdpa"):
+        assert max_abs(causal_attention(q, k, v, att), ref) <= 1e-12
+    # causal: the first query sees only the first key, whatever the rest
+    assert max_abs(ref[:, :, 0], v.repeat_interleave(4 // n_kv, dim=1)[:, :, 0]) <= 1e-12
+
+
+# --------------------------------------------------------------------------------------------------
+# Training and sampling.
+# --------------------------------------------------------------------------------------------------
+
+def test_training_flashlib_and_sdpa_give_the_same_losses():
+    data = torch.randint(11, (600,), generator=torch.Generator().manual_seed(3))
+    losses = {}
+    for att in ("flashlib", "sdpa"):
+        model = tiny(att, dtype=torch.float32)
+        losses[att] = train(model, data, steps=3, batch_size=4, seq_len=16, lr=1e-2, seed=7)
+    assert len(losses["flashlib"]) == 3
+    assert losses["flashlib"][0] == pytest.approx(losses["sdpa"][0], abs=1e-5)   # same init and batch
+    assert max(abs(a - b) for a, b in zip(losses["flashlib"], losses["sdpa"])) <= 1e-4
+    assert losses["flashlib"][-1] < losses["flashlib"][0]                        # it learns
+    # deterministic: the same seed gives the same losses again
+    again = train(tiny("flashlib", dtype=torch.float32), data, steps=3, batch_size=4, seq_len=16,
+                  lr=1e-2, seed=7)
+    assert again == losses["flashlib"]
+
+
+def test_get_batch_windows_and_targets():
+    data = torch.arange(100)
+    x, y = get_batch(data, 5, 7, generator=torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (5, 7) and x.dtype == torch.int64
+    assert torch.equal(y, x + 1)                                          # y is x shifted by one
+    assert torch.equal(x[:, 1:] - x[:, :-1], torch.ones(5, 6, dtype=torch.int64))   # contiguous windows
+    x2, _ = get_batch(data, 5, 7, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(x, x2)
+    x3, _ = get_batch(data, 3, 99)                                        # the longest window fits
+    assert torch.equal(x3[0], torch.arange(99))
+
+
+def test_generate_shapes_determinism_and_greedy_agreement():
+    idx = torch.tensor([[1, 2, 3]])
+    out = {}
+    for att in ATTENTION_CHOICES:
+        model = tiny(att, block=8)
+        model.train()
+        a = generate(model, idx, 12, seed=5)
+        assert model.training                                             # mode restored
+        assert a.shape == (1, 15) and torch.equal(a[:, :3], idx)
+        assert int(a.min()) >= 0 and int(a.max()) < 11
+        assert torch.equal(a, generate(model, idx, 12, seed=5))           # crosses block_size = 8
+        out[att] = generate(model, idx, 12, top_k=1)                      # greedy
+    assert torch.equal(out["flashlib"], out["naive"]) and torch.equal(out["sdpa"], out["naive"])
+    assert generate(tiny(), idx, 0).shape == (1, 3)
+
+
+# --------------------------------------------------------------------------------------------------
+# flashlib.auto around a model that calls SDPA.
+# --------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def sdpa_not_routed():
+    """Start from the real SDPA (whatever another test left) and put the previous state back after."""
+    was = flashlib.auto.is_enabled()
+    flashlib.auto.disable()
+    yield
+    if was:
+        flashlib.auto.enable()
+
+
+def test_flashlib_auto_routes_the_models_sdpa_calls(sdpa_not_routed):
+    original = F.scaled_dot_product_attention
+    idx, targets = tokens(T=13)
+    for heads in ((4, None), (4, 2)):
+        model = tiny("sdpa", n_head=heads[0], n_kv_head=heads[1], dtype=torch.float32)
+        plain = run(model, idx, targets)
+        before = flashlib.auto.stats["routed"]
+        with flashlib.auto.enabled():
+            assert F.scaled_dot_product_attention is not original
+            routed = run(model, idx, targets)
+        assert flashlib.auto.stats["routed"] - before == model.config.n_layer   # one call per block
+        assert F.scaled_dot_product_attention is original                       # restored
+        flash = run(tiny("flashlib", n_head=heads[0], n_kv_head=heads[1], dtype=torch.float32), idx, targets)
+        assert abs(routed[1].item() - plain[1].item()) <= 1e-5
+        assert max_abs(routed[0], plain[0]) <= 2e-5
+        assert routed[1].item() == flash[1].item()                              # routed == flashlib's
+        for name, g in routed[2].items():
+            assert max_abs(g, plain[2][name]) <= 2e-5, name
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizer and the shipped text.
+# --------------------------------------------------------------------------------------------------
+
+def test_shipped_text_is_packaged_and_header_dropped():
+    assert "alice" in texts()
+    text = load_text("alice")
+    assert len(text) > 20_000
+    assert text.startswith("CHAPTER I. Down the Rabbit-Hole")
+    assert not any(line.startswith("#") for line in text.splitlines())
+    assert text.isascii()
+
+
+def test_char_tokenizer_round_trip():
+    text = load_text()
+    tok = CharTokenizer(text)
+    assert tok.chars == sorted(set(text)) and tok.vocab_size == len(set(text))
+    ids = tok.encode(text[:500])
+    assert tok.decode(ids) == text[:500]
+    assert tok.decode(torch.tensor(ids)) == text[:500]
+    assert all(0 <= i < tok.vocab_size for i in ids)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input.
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(n_embd=30, n_head=4), "n_embd must be a multiple of n_head"),
+    (dict(n_head=4, n_kv_head=3), "must be a multiple of n_kv_head"),
+    (dict(attention="flash"), "attention must be one of"),
+    (dict(attention=None), "attention must be one of"),
+    (dict(vocab_size=0), "vocab_size must be an int >= 1"),
+    (dict(block_size=-2), "block_size must be an int >= 1"),
+    (dict(n_layer=0), "n_layer must be an int >= 1"),
+    (dict(n_kv_head=0), "n_kv_head must be an int >= 1"),
+    (dict(n_head=1, n_embd=512), "head dim"),
+])
+def test_bad_config_raises_value_error(kwargs, match):
+    base = dict(vocab_size=11, block_size=16, n_layer=2, n_head=4, n_embd=32)
+    with pytest.raises(ValueError, match=match):
+        GPTConfig(**{**base, **kwargs})
+
+
+def test_bad_types_and_inputs():
+    with pytest.raises(TypeError, match="n_head must be an int"):
+        GPTConfig(11, 16, n_head=4.0)
+    with pytest.raises(TypeError, match="config must be a GPTConfig"):
+        GPT({"vocab_size": 11})
+    model = tiny(block=16)
+    with pytest.raises(ValueError, match="T = 17"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"idx must have shape \(B, T\)"):
+        model(torch.zeros(17, dtype=torch.long))
+    with pytest.raises(TypeError, match="idx must hold integer token ids"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="targets must have the shape of idx"):
+        model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="attention must be one of"):
+        causal_attention(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), "flash")
+    data = torch.arange(50) % 11
+    with pytest.raises(ValueError, match="seq_len must be at most the model's block_size"):
+        train(model, data, steps=1, batch_size=2, seq_len=17)
+    with pytest.raises(ValueError, match="lr must be a positive finite number"):
+        train(model, data, steps=1, batch_size=2, seq_len=8, lr=0.0)
+    with pytest.raises(ValueError, match="steps must be an int >= 1"):
+        train(model, data, steps=0, batch_size=2, seq_len=8)
+    with pytest.raises(TypeError, match="model must be a flashlib.models.GPT"):
+        train(torch.nn.Linear(2, 2), data, steps=1, batch_size=2, seq_len=8)
+    with pytest.raises(ValueError, match="data must be longer than seq_len"):
+        get_batch(torch.arange(8), 2, 8)
+    with pytest.raises(ValueError, match="data must be a 1-D tensor"):
+        get_batch(torch.zeros(2, 50, dtype=torch.long), 2, 8)
+    with pytest.raises(ValueError, match="temperature must be a positive finite number"):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), 3, temperature=0.0)
+    tok = CharTokenizer("abc")
+    with pytest.raises(ValueError, match="'z', which is not in the tokenizer's vocabulary"):
+        tok.encode("abz")
+    with pytest.raises(ValueError, match=r"ids must be ints in \[0, 3\)"):
+        tok.decode([0, 3])
+    with pytest.raises(ValueError, match="text must hold at least one character"):
+        CharTokenizer("")
+    with pytest.raises(ValueError, match="name must be one of"):
+        load_text("no-such-text")
