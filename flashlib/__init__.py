@@ -14,7 +14,7 @@ The ladder (NumPy, any leading dims, float64-capable), one module per chapter:
 from . import decoding, fa1, fa2, hardware, iomodel, measure, memeff, naive, softmax, testing
 from .display import show
 from .iomodel import IOCounter
-from .api import attention, decode
+from .api import attention, attention_qkvpacked, decode
 
 __version__ = "0.1.0"
-__all__ = ["naive", "softmax", "memeff", "fa1", "fa2", "decoding", "iomodel", "testing", "hardware", "measure", "IOCounter", "show", "attention", "decode"]
+__all__ = ["naive", "softmax", "memeff", "fa1", "fa2", "decoding", "iomodel", "testing", "hardware", "measure", "IOCounter", "show", "attention", "attention_qkvpacked", "decode"]

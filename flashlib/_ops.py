@@ -26,31 +26,31 @@ __all__ = ["attention_op"]
 
 if hasattr(torch.library, "custom_op"):
     @torch.library.custom_op("flashlib::attention_fwd", mutates_args=(), schema=(
-        "(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool allow_tf32, str backend)"
-        " -> (Tensor, Tensor)"))
-    def attention_fwd(q, k, v, causal, scale, allow_tf32, backend):
-        return _fwd_impl(q, k, v, causal, scale, allow_tf32, backend)
+        "(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool allow_tf32, str backend,"
+        " int block_q, int block_k) -> (Tensor, Tensor)"))
+    def attention_fwd(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
+        return _fwd_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)
 
     @attention_fwd.register_fake
-    def _(q, k, v, causal, scale, allow_tf32, backend):
+    def _(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
         # Contiguous, whatever q's strides: the real op returns contiguous tensors too, and
         # torch.compile plans views from these strides.
         return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
 
     @torch.library.custom_op("flashlib::attention_bwd", mutates_args=(), schema=(
         "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, float scale,"
-        " bool allow_tf32, str backend) -> (Tensor, Tensor, Tensor)"))
-    def attention_bwd(q, k, v, o, lse, do, causal, scale, allow_tf32, backend):
-        return _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend)
+        " bool allow_tf32, str backend, int block_q, int block_k) -> (Tensor, Tensor, Tensor)"))
+    def attention_bwd(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k):
+        return _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k)
 
     @attention_bwd.register_fake
-    def _(q, k, v, o, lse, do, causal, scale, allow_tf32, backend):
+    def _(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def _backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = attention_bwd(q, k, v, o, lse, do.contiguous(), *ctx.args)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
     attention_fwd.register_autograd(_backward, setup_context=_setup_context)
     attention_op = attention_fwd
@@ -58,14 +58,15 @@ if hasattr(torch.library, "custom_op"):
 else:  # pragma: no cover - torch < 2.4
     class _Attention(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, causal, scale, allow_tf32, backend):
-            o, lse = _fwd_impl(q, k, v, causal, scale, allow_tf32, backend)
-            _setup_context(ctx, (q, k, v, causal, scale, allow_tf32, backend), (o, lse))
+        def forward(ctx, q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
+            o, lse = _fwd_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)
+            _setup_context(ctx, (q, k, v, causal, scale, allow_tf32, backend, block_q, block_k),
+                           (o, lse))
             return o, lse
 
         @staticmethod
         def backward(ctx, do, _dlse):
             q, k, v, o, lse = ctx.saved_tensors
-            return (*_bwd_impl(q, k, v, o, lse, do, *ctx.args), None, None, None, None)
+            return (*_bwd_impl(q, k, v, o, lse, do, *ctx.args), None, None, None, None, None, None)
 
     attention_op = _Attention.apply

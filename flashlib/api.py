@@ -26,7 +26,9 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["attention", "decode", "Backend", "BACKENDS", "AUTO", "register_backend",
+from ._checks import check_block
+
+__all__ = ["attention", "attention_qkvpacked", "decode", "Backend", "BACKENDS", "AUTO", "register_backend",
            "default_num_splits", "MAX_HEAD_DIM"]
 
 MAX_HEAD_DIM = 256
@@ -37,8 +39,9 @@ CPU_SPLIT_SMS = 4       # decode's split heuristic on a CPU: pretend to fill 4 "
 class Backend:
     """One way of computing attention. Tensors in, tensors out, layout ``(B, H, N, d)``.
 
-    ``forward(q, k, v, *, causal, scale, allow_tf32) -> (o, lse)``;
-    ``backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32) -> (dq, dk, dv)`` (dk, dv shaped
+    ``forward(q, k, v, *, causal, scale, allow_tf32, blocks) -> (o, lse)``;
+    ``backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32, blocks) -> (dq, dk, dv)``
+    (``blocks`` = the caller's ``(block_q, block_k)``, None for "backend's choice"; dk, dv shaped
     like k, v: GQA groups summed); ``decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale)
     -> (o, lse)``; ``check(q, op)`` raises (ValueError/RuntimeError with the reason) when this backend
     cannot run on ``q``'s device and dtype in this process, ``op`` being "attention" or "decode".
@@ -86,23 +89,24 @@ def _lse_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _ref_forward(q, k, v, *, causal, scale, allow_tf32=False):
+def _ref_forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     from . import fa2
     group = q.shape[1] // k.shape[1]
     kk = np.repeat(_to_numpy(k), group, axis=1)        # GQA: kv head h // group, expanded on the CPU
     vv = np.repeat(_to_numpy(v), group, axis=1)
-    o, lse = fa2.forward(_to_numpy(q), kk, vv, causal=causal, scale=scale)
+    o, lse = fa2.forward(_to_numpy(q), kk, vv, causal=causal, scale=scale, block_q=blocks[0],
+                         block_k=blocks[1])
     return _to_torch(o, q), _to_torch(lse, q, _lse_dtype(q))
 
 
-def _ref_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False):
+def _ref_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     from . import fa2
     B, HKV, NK, D = k.shape
     group = q.shape[1] // HKV
     kk = np.repeat(_to_numpy(k), group, axis=1)
     vv = np.repeat(_to_numpy(v), group, axis=1)
     dq, dk, dv = fa2.backward(_to_numpy(q), kk, vv, _to_numpy(o), _to_numpy(lse), _to_numpy(do),
-                              causal=causal, scale=scale)
+                              causal=causal, scale=scale, block_q=blocks[0], block_k=blocks[1])
     dk = dk.reshape(B, HKV, group, NK, D).sum(axis=2)  # sum each group's gradients back onto its kv head
     dv = dv.reshape(B, HKV, group, NK, v.shape[-1]).sum(axis=2)
     return _to_torch(dq, q), _to_torch(dk, k), _to_torch(dv, v)
@@ -141,16 +145,32 @@ def _last_dim_contiguous(*xs):
     return tuple(x if x.stride(-1) == 1 else x.contiguous() for x in xs)
 
 
-def _triton_forward(q, k, v, *, causal, scale, allow_tf32=False):
+def _triton_config(kernel, blocks, q):
+    """A Config from the caller's (block_q, block_k), or None to let the device's table choose."""
+    if blocks == (None, None):
+        return None
+    from .triton.configs import Config
+    for name, b in zip(("block_q", "block_k"), blocks):
+        if b is not None and (b < 16 or b & (b - 1)):
+            raise ValueError(f"backend='triton' needs {name} to be a power of two >= 16 (tl.arange "
+                             f"and tl.dot), got {b}")
+    bq, bk = (b if b is not None else 32 for b in blocks)
+    return Config(bq, bk, 4, 1)
+
+
+def _triton_forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     from .triton import fa2_fwd
     q, k, v = _last_dim_contiguous(q, k, v)
-    return fa2_fwd.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32)
+    return fa2_fwd.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
+                           config=_triton_config("fwd", blocks, q))
 
 
-def _triton_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False):
+def _triton_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     from .triton import fa2_bwd
     q, k, v, o, do = _last_dim_contiguous(q, k, v, o, do)
-    return fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32)
+    cfg = _triton_config("bwd", blocks, q)        # dK/dV: key block = block_k, query step = block_q
+    return fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32,
+                            config_dkdv=cfg, config_dq=cfg)
 
 
 def _triton_decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
@@ -186,12 +206,16 @@ register_backend(Backend("triton", _triton_forward, _triton_backward, _triton_de
 # backward is Triton's on a GPU and the reference (NumPy FA2) on a CPU, from the same saved LSE.
 # --------------------------------------------------------------------------------------------------
 
-def _cuda_forward(q, k, v, *, causal, scale, allow_tf32=False):
+def _cuda_forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     from . import cuda
+    if blocks != (None, None):
+        raise ValueError("backend='cuda' sizes its tiles from the head dim and the 48 KB of shared "
+                         "memory (flashlib.cuda.launch); block_q/block_k are for 'triton' and "
+                         "'reference'")
     return cuda.forward(q, k, v, causal=causal, scale=scale)
 
 
-def _cuda_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False):
+def _cuda_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     other = BACKENDS["triton" if q.device.type == "cuda" else "reference"]
     return other.backward(q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32)
 
@@ -234,22 +258,27 @@ register_backend(Backend("cuda", _cuda_forward, _cuda_backward, _cuda_decode, _c
 # registry name.
 # --------------------------------------------------------------------------------------------------
 
-def _fwd_impl(q, k, v, causal, scale, allow_tf32, backend):
-    o, lse = BACKENDS[backend].forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32)
+def _blocks(block_q: int, block_k: int):
+    return (block_q or None, block_k or None)      # 0 travels through the op as "not chosen"
+
+
+def _fwd_impl(q, k, v, causal, scale, allow_tf32, backend, block_q=0, block_k=0):
+    o, lse = BACKENDS[backend].forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
+                                       blocks=_blocks(block_q, block_k))
     return o.contiguous(), lse.contiguous()         # the op's promise (see its fake in _ops.py)
 
 
-def _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend):
+def _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q=0, block_k=0):
     grads = BACKENDS[backend].backward(q, k, v, o, lse, do, causal=causal, scale=scale,
-                                       allow_tf32=allow_tf32)
+                                       allow_tf32=allow_tf32, blocks=_blocks(block_q, block_k))
     return tuple(g.contiguous() for g in grads)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, allow_tf32, backend = inputs
+    q, k, v, *args = inputs                           # causal, scale, allow_tf32, backend, blocks
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.args = (causal, scale, allow_tf32, backend)
+    ctx.args = tuple(args)
     ctx.mark_non_differentiable(lse)                   # lse is an output to read, not to train
 
 
@@ -333,7 +362,8 @@ def _resolve_backend(backend, q, op: str) -> Backend:
     return chosen
 
 
-def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="auto", allow_tf32=False):
+def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="auto", allow_tf32=False,
+              block_q=None, block_k=None):
     """Exact attention ``softmax(scale · q kᵀ) v``, FlashAttention-2 style, differentiable.
 
     Args:
@@ -353,6 +383,9 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
             device), or "auto" (see :data:`AUTO`: triton for CUDA tensors, reference for CPU ones).
         allow_tf32: let fp32 matmuls use TF32 tensor cores (Triton on sm_80+). Default False: fp32
             is computed in true fp32 (``input_precision="ieee"``).
+        block_q, block_k: choose the chunking yourself (query rows and keys per tile, forward and
+            backward): positive ints for "reference", powers of two >= 16 for "triton"; None lets
+            the backend choose (Triton: per-architecture table). "cuda" sizes its own tiles.
 
     Returns:
         ``o`` ``(B, H, Nq, d)`` in q's dtype, or ``(o, lse)`` if ``return_lse``. Gradients flow to
@@ -380,7 +413,33 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
     allow_tf32 = _check_flag(allow_tf32, "allow_tf32")
     scale = _check_scale(scale, q.shape[-1])
     chosen = _resolve_backend(backend, q, "attention")
-    o, lse = _attention_op()(q, k, v, causal, scale, allow_tf32, chosen.name)
+    bq = 0 if block_q is None else check_block(block_q, "block_q")
+    bk = 0 if block_k is None else check_block(block_k, "block_k")
+    o, lse = _attention_op()(q, k, v, causal, scale, allow_tf32, chosen.name, bq, bk)
+    return (o, lse) if return_lse else o
+
+
+def attention_qkvpacked(qkv, *, causal=False, scale=None, return_lse=False, backend="auto",
+                        allow_tf32=False, block_q=None, block_k=None):
+    """:func:`attention` on a packed ``qkv`` ``(B, N, 3, H, d)`` — the layout a fused QKV projection
+    produces (flash-attn's ``flash_attn_qkvpacked_func``; flash-attention-ipu's packed entry point).
+
+    Q, K and V are strided views of ``qkv`` (no copy on "triton"). Returns ``o`` ``(B, N, H, d)``
+    (and ``lse`` ``(B, H, N)`` if ``return_lse``); gradients flow back into ``qkv``. ``block_q`` /
+    ``block_k`` choose the query and key chunking as in :func:`attention`.
+
+    Explained in: notebooks/09_models.
+    """
+    import torch
+    if not isinstance(qkv, torch.Tensor):
+        raise TypeError(f"qkv must be a torch.Tensor, got {type(qkv).__name__}")
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"qkv must have shape (B, N, 3, H, d), got {tuple(qkv.shape)}")
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))      # (B, H, N, d) views
+    out = attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse, backend=backend,
+                    allow_tf32=allow_tf32, block_q=block_q, block_k=block_k)
+    o, lse = out if return_lse else (out, None)
+    o = o.transpose(1, 2)                                              # (B, N, H, d)
     return (o, lse) if return_lse else o
 
 

@@ -88,8 +88,7 @@ def random_qkv(nq, nk, d, *, lead=(), dv=None, dtype=np.float64, seed=0):
 
 def max_error(actual, expected) -> float:
     """Largest absolute difference, treating matching infinities as equal and NaN as infinitely wrong."""
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
+    a, e = _np64(actual), _np64(expected)
     if a.shape != e.shape:
         raise ValueError(f"shapes differ: actual {a.shape}, expected {e.shape}")
     if np.isnan(a).any() or np.isnan(e).any():
@@ -104,10 +103,9 @@ def assert_close(actual, expected, *, atol=1e-10, rtol=1e-10, name="value"):
     """Assert ``|actual - expected| <= atol + rtol * |expected|`` elementwise; no NaN anywhere.
 
     Infinities must match exactly (``lse = -inf`` for rows that see nothing). The message gives the
-    worst element and its index.
+    worst element and its index. Takes arrays or torch tensors (on any device, with or without grad).
     """
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
+    a, e = _np64(actual), _np64(expected)
     if a.shape != e.shape:
         raise AssertionError(f"{name}: shape {a.shape}, expected {e.shape}")
     if np.isnan(a).any():

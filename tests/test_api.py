@@ -222,7 +222,10 @@ def test_triton_imported_in_compile_mode_refuses_cpu_tensors_clearly():
 def test_custom_op_passes_torch_opcheck():
     q, k, v = make_qkv(dtype=torch.float32, grad=True)
     flashlib.attention(q, k, v, backend="reference")             # registers the ops on first use
-    torch.library.opcheck(torch.ops.flashlib.attention_fwd.default, (q, k, v, True, 0.25, False, "reference"))
+    torch.library.opcheck(torch.ops.flashlib.attention_fwd.default,
+                          (q, k, v, True, 0.25, False, "reference", 0, 0))
+    torch.library.opcheck(torch.ops.flashlib.attention_fwd.default,
+                          (q, k, v, False, 0.25, False, "reference", 5, 3))      # user blocks
 
 
 def test_attention_compiles_without_graph_breaks():
