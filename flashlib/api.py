@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from ._checks import check_block
+from ._checks import check_scale as _check_scale
 
 __all__ = ["attention", "attention_qkvpacked", "decode", "Backend", "BACKENDS", "AUTO", "register_backend",
            "default_num_splits", "MAX_HEAD_DIM"]
@@ -336,16 +337,6 @@ def _check_flag(value, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
-
-
-def _check_scale(scale, d: int) -> float:
-    if scale is None:
-        return float(d) ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    if not np.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
-    return float(scale)
 
 
 def _resolve_backend(backend, q, op: str) -> Backend:

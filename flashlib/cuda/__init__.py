@@ -92,6 +92,25 @@ def _check_sanitizer(sanitizer, device_type):
                          "(on a GPU use compute-sanitizer)")
 
 
+def _check_qkv(q, k, v, kname: str, vname: str, n: str):
+    """q ``(B, H, Nq, d)``, k and v ``(B, Hkv, n, d)`` alike, H % Hkv == 0, one dtype; returns
+    ``((q, q_was_torch), k, v)`` as tensors."""
+    (q, q_torch), (k, _), (v, _) = _as_tensor(q, "q"), _as_tensor(k, kname), _as_tensor(v, vname)
+    for name, t in (("q", q), (kname, k), (vname, v)):
+        _check_4d(t, name)
+    b, h, _, d = q.shape
+    hkv = k.shape[1]
+    if k.shape[0] != b or k.shape[3] != d or v.shape != k.shape:
+        raise ValueError(f"{kname} and {vname} must be (B, Hkv, {n}, d) = ({b}, Hkv, {n}, {d}) alike, "
+                         f"got {kname} {tuple(k.shape)}, {vname} {tuple(v.shape)}")
+    if hkv < 1 or h % hkv:
+        raise ValueError(f"the number of query heads H={h} must be a multiple of kv heads Hkv={hkv}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, {kname} and {vname} must share a dtype, got {q.dtype}, {k.dtype}, "
+                        f"{v.dtype}")
+    return (q, q_torch), k, v
+
+
 def _scale(scale, d):
     if scale is None:
         return float(d) ** -0.5
@@ -153,20 +172,11 @@ def forward(q, k, v, *, causal=False, scale=None, version=None, sanitizer=None):
     Explained in: notebooks/08_cuda.
     """
     torch = _torch()
-    (q, q_torch), (k, _), (v, _) = _as_tensor(q, "q"), _as_tensor(k, "k"), _as_tensor(v, "v")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_4d(t, name)
+    (q, q_torch), k, v = _check_qkv(q, k, v, "k", "v", "Nk")
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    if k.shape[0] != b or k.shape[3] != d or v.shape != k.shape:
-        raise ValueError(f"k and v must be (B, Hkv, Nk, d) = ({b}, Hkv, Nk, {d}) alike, "
-                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if hkv < 1 or h % hkv:
-        raise ValueError(f"the number of query heads H={h} must be a multiple of kv heads Hkv={hkv}")
     if nq < 1 or nk < 1:
         raise ValueError(f"Nq and Nk must be >= 1, got Nq={nq}, Nk={nk}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
     dtype = _dtype_name(q)
@@ -208,18 +218,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal
     Explained in: notebooks/08_cuda (and notebooks/06_flash_decoding for the algorithm).
     """
     torch = _torch()
-    (q, q_torch), (k, _), (v, _) = _as_tensor(q, "q"), _as_tensor(k_cache, "k_cache"), _as_tensor(v_cache, "v_cache")
-    for name, t in (("q", q), ("k_cache", k), ("v_cache", v)):
-        _check_4d(t, name)
+    (q, q_torch), k, v = _check_qkv(q, k_cache, v_cache, "k_cache", "v_cache", "Nmax")
     b, h, nq, d = q.shape
     hkv, nmax = k.shape[1], k.shape[2]
-    if k.shape[0] != b or k.shape[3] != d or v.shape != k.shape:
-        raise ValueError(f"k_cache and v_cache must be (B, Hkv, Nmax, d) = ({b}, Hkv, Nmax, {d}) alike, "
-                         f"got {tuple(k.shape)} and {tuple(v.shape)}")
-    if hkv < 1 or h % hkv:
-        raise ValueError(f"the number of query heads H={h} must be a multiple of kv heads Hkv={hkv}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     dtype = _dtype_name(q)
     short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(dtype)
     if short is None:
