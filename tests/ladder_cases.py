@@ -1,11 +1,14 @@
-"""Shared cases for the ladder tests: every forward algorithm behind one signature."""
-import numpy as np
-
+"""Shared cases for the ladder tests: every forward algorithm behind one signature; IO counting."""
 from flashlib import decoding, fa1, fa2, memeff, naive
+from flashlib.iomodel import IOCounter
+
+B = 2  # bytes per element used throughout (fp16 model)
 
 
-def _o(result):
-    return result[0] if isinstance(result, tuple) else result
+def counted(fn, *args, bytes_per_element=B, **kwargs):
+    io = IOCounter(bytes_per_element=bytes_per_element)
+    fn(*args, io=io, **kwargs)
+    return io.hbm_read_bytes, io.hbm_write_bytes
 
 
 # name -> f(q, k, v, causal, scale, blocks) returning (o, lse or None); blocks = (bq, bk, splits)

@@ -1,7 +1,6 @@
 """flashlib.attention / flashlib.decode with backend="cuda": CPU tensors run in the CUDA emulator."""
 import shutil
 
-import numpy as np
 import pytest
 import torch
 

@@ -5,6 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from flashlib import decoding
 from flashlib.testing import assert_close, random_qkv, reference
+from ladder_cases import B, counted
 
 
 def test_combine_of_disjoint_parts_equals_whole_attention():
@@ -48,3 +49,11 @@ def test_choose_num_splits():
     assert decoding.choose_num_splits(256, 1, 65536, 108) == 1    # batch already fills the GPU
     with pytest.raises(ValueError, match="num_sms must be a positive int"):
         decoding.choose_num_splits(1, 1, 10, 0)
+
+
+@pytest.mark.parametrize("n,m,d,splits", [(1, 100, 8, 4), (3, 50, 5, 7), (2, 5, 4, 9)])
+def test_decoding_closed_form(n, m, d, splits):
+    q, k, v = random_qkv(n, m, d)
+    reads = splits * n * d + 2 * m * d + splits * (n * d + n)   # Q per split, K/V once; combine
+    writes = splits * (n * d + n) + n * d + n                   # partials; final O, LSE
+    assert counted(decoding.forward, q, k, v, num_splits=splits) == (B * reads, B * writes)

@@ -16,7 +16,6 @@ Explained in: notebooks/08_cuda.
 """
 from __future__ import annotations
 
-import math
 import os
 import pathlib
 import struct

@@ -1,4 +1,4 @@
-"""torch.compile: a module calling flashlib.attention compiles with no graph break."""
+"""flashlib._ops (torch.library custom ops): a module calling flashlib.attention compiles with no graph break."""
 import torch
 
 import flashlib

@@ -1,4 +1,4 @@
-"""Bad input is refused with an error naming the argument, never a crash deep inside NumPy."""
+"""flashlib._checks: bad input is refused with an error naming the argument, never a crash deep inside NumPy."""
 import numpy as np
 import pytest
 
