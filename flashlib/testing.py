@@ -166,11 +166,14 @@ def plain_torch_attention(q, k, v, *, causal=False, scale=None):
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = (q @ k.transpose(-1, -2)) * scale                          # (B, H, Nq, Nk) in q's dtype
-    if causal:
-        nq, nk = q.shape[-2], k.shape[-2]
-        visible = torch.as_tensor(causal_mask(0, nq, 0, nk, nq, nk), device=q.device)
-        s = s.masked_fill(~visible, float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)                   # all -inf rows -> 0
+    if not causal:
+        return torch.softmax(s, dim=-1) @ v
+    nq, nk = q.shape[-2], k.shape[-2]
+    visible = torch.as_tensor(causal_mask(0, nq, 0, nk, nq, nk), device=q.device)
+    seen = visible.any(-1, keepdim=True)                           # (Nq, 1): rows that see a key
+    # A row that sees nothing softmaxes over all its keys and is then multiplied by 0: its output
+    # and its gradients are 0, never NaN (softmax of an all -inf row would poison the backward).
+    p = torch.softmax(s.masked_fill(~(visible | ~seen), float("-inf")), dim=-1) * seen
     return p @ v
 
 

@@ -34,23 +34,13 @@ def make(b, h, hkv, nq, nk, d, dtype, seed=0):
 
 
 def oracle(q, k, v, causal, scale=None):
-    """float64 reference on the (already rounded) inputs; GQA by repeating kv heads in the oracle only."""
-    rep = q.shape[1] // k.shape[1]
-    kk, vv = (x.double().repeat_interleave(rep, 1).numpy() for x in (k, v))
-    return testing.reference(q.double().numpy(), kk, vv, causal=causal, scale=scale)
+    """float64 reference on the (already rounded) inputs: flashlib.testing's oracle with GQA."""
+    return testing.reference_gqa(q, k, v, causal=causal, scale=scale)
 
 
 def plain_torch(q, k, v, causal):
     """Attention written plainly in q's dtype (the FlashAttention test rule's yardstick)."""
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        nq, nk = q.shape[-2], k.shape[-2]
-        hidden = torch.arange(nk)[None, :] > torch.arange(nq)[:, None] + (nk - nq)
-        s = s.masked_fill(hidden, float("-inf"))
-    p = torch.nan_to_num(torch.softmax(s, dim=-1))
-    return p @ v
+    return testing.plain_torch_attention(q, k, v, causal=causal)
 
 
 # (B, H, Hkv, Nq, Nk, d): odd lengths, Nq != Nk both ways, N = 1, head dims 40/59/111/256, GQA/MQA.

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import flashlib
-from flashlib.testing import assert_close, max_error, reference, reference_backward
+from flashlib.testing import assert_close, max_error, plain_torch_attention, reference, reference_gqa
 
 import flashlib.triton as ft  # noqa: E402  (sets TRITON_INTERPRET=1 here: no GPU)
 from flashlib.triton import configs, fa2_bwd, fa2_fwd  # noqa: E402
@@ -35,30 +35,15 @@ def f64(x):
 
 
 def oracle(q, k, v, do, causal):
-    """Float64 (o, lse, dq, dk, dv); GQA by repeating kv heads, dk/dv summed back over each group."""
-    B, HKV, NK, D = k.shape
-    G = q.shape[1] // HKV
-    kk, vv = np.repeat(f64(k), G, axis=1), np.repeat(f64(v), G, axis=1)
-    o, lse = reference(f64(q), kk, vv, causal=causal)
-    dq, dk, dv = reference_backward(f64(q), kk, vv, f64(do), causal=causal)
-    return o, lse, dq, dk.reshape(B, HKV, G, NK, D).sum(2), dv.reshape(B, HKV, G, NK, D).sum(2)
+    """Float64 (o, lse, dq, dk, dv) from flashlib.testing's oracle (GQA groups summed)."""
+    o, lse, (dq, dk, dv) = reference_gqa(q, k, v, causal=causal, do=do)
+    return o, lse, dq, dk, dv
 
 
 def plain_torch(q, k, v, do, causal):
-    """Attention as plainly as PyTorch writes it, in the inputs' dtype: the baseline of the fp16 rule."""
+    """flashlib.testing's plain same-dtype attention, with its gradients: the fp16 rule's baseline."""
     q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    G = q.shape[1] // k.shape[1]
-    kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
-    s = (q @ kk.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    nq, nk = q.shape[2], k.shape[2]
-    if causal:
-        mask = torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + (nk - nq)
-        seen = mask.any(-1, keepdim=True)
-        s = s.masked_fill(~(mask | ~seen), float("-inf"))   # an unseen row softmaxes over all, then x0
-        p = torch.softmax(s, -1) * seen
-    else:
-        p = torch.softmax(s, -1)
-    o = p @ vv
+    o = plain_torch_attention(q, k, v, causal=causal)
     o.backward(do)
     return o.detach(), q.grad, k.grad, v.grad
 
