@@ -146,7 +146,7 @@ def _last_dim_contiguous(*xs):
     return tuple(x if x.stride(-1) == 1 else x.contiguous() for x in xs)
 
 
-def _triton_config(kernel, blocks, q):
+def _triton_config(blocks):
     """A Config from the caller's (block_q, block_k), or None to let the device's table choose."""
     if blocks == (None, None):
         return None
@@ -163,13 +163,13 @@ def _triton_forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, N
     from .triton import fa2_fwd
     q, k, v = _last_dim_contiguous(q, k, v)
     return fa2_fwd.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
-                           config=_triton_config("fwd", blocks, q))
+                           config=_triton_config(blocks))
 
 
 def _triton_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     from .triton import fa2_bwd
     q, k, v, o, do = _last_dim_contiguous(q, k, v, o, do)
-    cfg = _triton_config("bwd", blocks, q)        # dK/dV: key block = block_k, query step = block_q
+    cfg = _triton_config(blocks)                  # dK/dV: key block = block_k, query step = block_q
     return fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32,
                             config_dkdv=cfg, config_dq=cfg)
 
