@@ -1,12 +1,15 @@
 # flashbook: two commands do all set-up on a fresh machine.
 #   make book   create .venv, install everything, execute the notebooks, build the HTML book
 #   make test   create or reuse .venv and run the whole suite (library tests, notebooks, the book)
+# and, on a machine with a CUDA GPU (CI has none):
+#   make test-gpu            the GPU tier: kernels on CUDA tensors, the whole suite, `flashlib check`
+#   make test-gpu PY=python3 the same with a Python that already has torch, triton and pytest (no venv)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.flashbook-installed
 
-.PHONY: book test test-lib test-notebooks test-browser clean
+.PHONY: book test test-lib test-notebooks test-browser test-gpu clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +36,15 @@ test-browser: $(STAMP)
 # The browser test reads the book that `book` has just built.
 test: test-lib test-notebooks book
 	$(MAKE) test-browser
+
+# The GPU tier. tests/gpu exits non-zero on a machine without a CUDA GPU (it never passes having run
+# nothing); then the whole library suite runs again, on the GPU this time; then the reader's first
+# command. With PY given (make test-gpu PY=python3) no venv is created or needed.
+test-gpu:
+	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then $(MAKE) $(STAMP); fi
+	$(PY) -m pytest tests/gpu
+	$(PY) -m pytest -m "not book" tests
+	$(PY) -m flashlib check
 
 clean:
 	rm -rf _build

@@ -9,6 +9,8 @@
 #   `prune_configs_by` hook does (we choose by rule, not by timing: no GPU to time on here).
 # Limits: the estimate is the tiles' bytes (Q, and K/V times the pipeline depth); the compile report
 #   (flashlib.inspect.compile_report) measures the real figure and the tests check it fits.
+# Correctness before speed: a config is only in a table if it was shown right and bitwise deterministic
+#   on a real GPU, and :func:`hazard` refuses the class of configs a real H100 showed wrong (below).
 # Run: pick_config("fwd", q.device, block_d=128, elem_bytes=2).
 """Per-architecture kernel configurations.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 from ..hardware import ARCH_SMEM_LIMIT
 
-__all__ = ["Config", "KERNELS", "CANDIDATES", "INTERPRETER", "smem_estimate", "arch_config",
+__all__ = ["Config", "KERNELS", "CANDIDATES", "INTERPRETER", "hazard", "safe", "smem_estimate", "arch_config",
            "arch_candidates", "pick_config", "launch", "run_with_fallback", "device_arch",
            "check_dtype_arch"]
 
@@ -42,14 +44,38 @@ class Config:
 # (The D preprocess and the decode combine are elementwise/reduction kernels with fixed small blocks.)
 KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "decode")
 
+# Why the dK/dV kernel never runs with a query step below 64 beside a key block of 64 or more,
+# pipelined (a real H100, sm_90, torch 2.11 + triton 3.6, 2026-11-23; d = 128, fp16, B2 H8 N1000, each
+# config run twice on the same inputs and compared bit for bit and with the float64 oracle):
+#   wrong AND non-deterministic (dK error 3e-2 .. 0.2, plain fp16 torch 1e-3; dQ and dV right):
+#     M32-N64-w4-s2, M16-N64-w4-s2, M32-N128-w8-s2, M16-N128-w8-s2, and M32-N64-w8-s2 (in an earlier
+#     run on held-out shapes; right in this one: the failure is a race, it comes and goes);
+#   right and deterministic: M32-N64-w8-s1 (the same tiles, not pipelined), M64-N32-w4-s2,
+#     M32-N32-w4-s2, M16-N32-w4-s2, M64-N64-w4-s2/s3, M64-N128-w8-s2, M128-N64-w8-s2.
+# The class is exactly: num_stages >= 2 and block_m < 64 <= block_n. On Hopper, Triton runs a tl.dot
+# whose M (rows of the result) is 64 or more on the asynchronous warp-group MMA (wgmma), and smaller
+# ones on the synchronous mma.sync. In this kernel S = Q K^T and dP = dO V^T have M = block_m while
+# dV += P^T dO and dK += dS^T Q have M = block_n: the bad class is the one that mixes the two, with
+# the loop software-pipelined. dK's product is the last of the iteration, reads Q from a pipelined
+# shared-memory buffer, and is still in flight when the next iteration's copy lands in that buffer
+# (loading Q a second time for dK did not help: M16-N64-w4-s2 stayed wrong). Triton fixed
+# bugs of this family before (wgmma operands that were not multi-buffered: triton-lang/triton
+# pull requests 3106 and 8554); we found no report of this exact case. compute-sanitizer saw nothing
+# on small shapes. So flashlib never picks such a config on any architecture (we could only test an
+# H100): the tables below hold only configs shown right, and :func:`safe` turns a caller's config in
+# the bad class into its un-pipelined twin (num_stages = 1), which was right.
+
 # Candidates from the largest tile down. For bwd_dkdv, block_n is the key block a program owns and
 # block_m the query step; for bwd_dq the reverse, as in the forward. For decode, block_m caps the
 # stacked query rows (GQA group x Nq) a program takes.
 CANDIDATES: dict[str, list[Config]] = {
     "fwd": [Config(128, 64, 8, 3), Config(128, 32, 8, 2), Config(64, 64, 4, 2), Config(64, 32, 4, 2),
             Config(32, 32, 4, 1)],
-    "bwd_dkdv": [Config(32, 64, 8, 2), Config(16, 64, 4, 2), Config(16, 32, 4, 1)],
-    "bwd_dq": [Config(128, 32, 8, 2), Config(64, 32, 4, 2), Config(64, 16, 4, 2), Config(32, 16, 4, 1)],
+    # Backward on the H100 (B4 H16 N8192 d128 fp16, TFLOP/s with FA2's count, 2026-11-23): dK/dV
+    # M64-N64-w4-s2 with dQ M64-N64-w4-s2 = 379 (the old M32-N64-w8-s2 + M128-N32-w8-s2: 175); dK/dV
+    # with 8 warps or N128: 143-346. At d = 64: 253-274 for these pairs.
+    "bwd_dkdv": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 2), Config(16, 32, 4, 1)],
+    "bwd_dq": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(64, 16, 4, 2), Config(32, 16, 4, 1)],
     "decode": [Config(64, 64, 4, 2), Config(32, 32, 4, 1)],
 }
 # sm_75 (FFMA for tl.dot): small tiles and 8 warps keep the fp32 partial products in registers
@@ -63,6 +89,20 @@ SM75: dict[str, list[Config]] = {
 INTERPRETER: dict[str, Config] = {
     "fwd": Config(32, 16), "bwd_dkdv": Config(16, 32), "bwd_dq": Config(32, 16), "decode": Config(64, 16),
 }
+
+
+def hazard(kernel: str, cfg: Config) -> str | None:
+    """Why ``cfg`` must not run ``kernel`` on a GPU, or None. The one class shown wrong on a real GPU:
+    the dK/dV kernel pipelined (num_stages >= 2) with block_m < 64 <= block_n (see above)."""
+    if kernel == "bwd_dkdv" and cfg.num_stages >= 2 and cfg.block_m < 64 <= cfg.block_n:
+        return (f"bwd_dkdv {cfg}: pipelined with a query step < 64 beside a key block >= 64 gave a wrong, "
+                "non-deterministic dK on an H100")
+    return None
+
+
+def safe(kernel: str, cfg: Config) -> Config:
+    """``cfg``, or its un-pipelined twin (num_stages = 1) if :func:`hazard` refuses it."""
+    return cfg if hazard(kernel, cfg) is None else Config(cfg.block_m, cfg.block_n, cfg.num_warps, 1)
 
 
 def smem_estimate(kernel: str, cfg: Config, block_d: int, elem_bytes: int) -> int:
@@ -144,7 +184,7 @@ def launch(kernel: str, device, block_d: int, elem_bytes: int, run, config: Conf
     """Launch ``run(cfg)`` for ``kernel``: with ``config`` if given, else the device's candidates
     in order (:func:`run_with_fallback`)."""
     if config is not None:
-        return run(config)
+        return run(safe(kernel, config))
     return run_with_fallback(run, _device_candidates(kernel, device, block_d, elem_bytes))
 
 
