@@ -59,10 +59,10 @@ def _add_check_arguments(parser) -> None:
 
 
 def _run_check(args) -> int:
-    from .selfcheck import check, format_check
+    from .selfcheck import check, exit_code, format_check
     rows = check(args.backend)
     print(format_check(rows))
-    return 1 if any(r["status"] == "FAIL" for r in rows) else 0
+    return exit_code(rows)
 
 
 COMMANDS = {

@@ -12,6 +12,13 @@ also keeps a notebook that interprets kernels free to go on interpreting. Result
 (``$FLASHLIB_CACHE_DIR`` or ``~/.cache/flashlib``), keyed by a hash of the kernel sources, this file
 and the triton version: edit a kernel and its rows are compiled afresh.
 
+A report is true only for the compiler that produced it: the same kernels cross-compiled by triton 3.9
+on a CPU and JIT-compiled by triton 3.6 on an H100 differed by up to 2x (the forward's shared memory
+66,560 vs 131,072 bytes; the decode split's registers 230 vs 112). So every row names its compiler
+(``compiler``: "triton 3.9.0", "nvcc 13.0"), the table says it, and the GPU tier
+(tests/gpu/test_compile_report_gpu.py) checks that the rows for the GPU's own architecture match what
+that GPU really compiled, with the same Triton.
+
 Other backends add rows by appending a producer ``f(archs) -> list[dict]`` to :data:`ROW_PRODUCERS`
 (e.g. ``backend="cuda"`` rows from nvcc ``--resource-usage``); each row has the keys of :data:`KEYS`.
 
@@ -36,7 +43,7 @@ from typing import Callable
 from .hardware import ARCH_SMEM_LIMIT
 
 __all__ = ["ARCHS", "KEYS", "ROW_PRODUCERS", "compile_report", "triton_rows", "sass_excerpt",
-           "format_report", "summary"]
+           "format_report", "summary", "compilers"]
 
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 KEYS = ("backend", "kernel", "config", "arch", "ok", "registers", "spill_bytes", "shared_bytes",
@@ -138,11 +145,13 @@ def _compile_arch(arch: str) -> list[dict]:
     rows = []
     for name, fn, signature, constexprs, cfg, uses_dot in _kernel_specs(arch):
         row = {"backend": "triton", "kernel": name, "config": _config_label(name, cfg), "arch": arch,
-               "ok": False, "registers": None, "spill_bytes": None, "shared_bytes": None,
+               "compiler": f"triton {triton.__version__}", "ok": False, "registers": None, "spill_bytes": None, "shared_bytes": None,
                "mma_instructions": None, "tensor_cores": uses_dot and cc >= 80, "stack_bytes": None,
                "error": None, "_sass": ""}
+        # What Triton's JIT would specialise for this problem: pointers and strides (and d = 128) are
+        # multiples of 16; the sequence lengths and head counts are left general.
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                 if signature[n].startswith("*") or n.startswith("stride")}
+                 if signature[n].startswith("*") or n.startswith("stride") or n == "D"}
         log = io.StringIO()
         t0 = time.perf_counter()
         try:
@@ -292,7 +301,8 @@ def compile_report(archs=ARCHS, *, cache: bool = True) -> list[dict]:
         ``spill_bytes`` (ptxas spill stores), ``shared_bytes`` (per block), ``mma_instructions``
         (tensor-core instructions in the SASS), ``tensor_cores`` (whether this row is expected to use
         them: False for Triton on sm_75, where tl.dot becomes FFMA, and for kernels without a
-        matmul) — plus ``stack_bytes``, ``compile_seconds`` and ``error`` (None when ok).
+        matmul), ``compiler`` (e.g. "triton 3.9.0": the report is true for that version only) — plus
+        ``stack_bytes``, ``compile_seconds`` and ``error`` (None when ok).
 
     Compiles in child processes (see the module docstring); the first call takes about a minute on
     two cores, later calls read the cache.
@@ -304,7 +314,27 @@ def compile_report(archs=ARCHS, *, cache: bool = True) -> list[dict]:
     for producer in ROW_PRODUCERS:
         rows += [{k: v for k, v in row.items() if not k.startswith("_")}
                  for row in producer(archs, cache=cache)]
+    for row in rows:
+        if "compiler" not in row and row["backend"] == "cuda":
+            row["compiler"] = _nvcc_label()
     return rows
+
+
+def _nvcc_label() -> str:
+    from .cuda import build
+    nvcc = build.find_tool("nvcc")
+    if nvcc is None:
+        return "nvcc (not found)"
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+\.\d+)", out)
+    return f"nvcc {m.group(1)}" if m else "nvcc"
+
+
+def compilers(rows) -> str:
+    """One line naming the compilers behind ``rows``: the report holds for these versions only."""
+    names = sorted({r.get("compiler", "?") for r in rows})
+    return ("compiled by " + ", ".join(names) + " (a report is true for its compiler versions only: "
+            "another Triton can allocate up to 2x the shared memory or registers)")
 
 
 def sass_excerpt(kernel: str = "fa2_fwd", arch: str = "sm_80") -> str:
@@ -317,12 +347,12 @@ def sass_excerpt(kernel: str = "fa2_fwd", arch: str = "sm_80") -> str:
 
 
 def format_report(rows) -> str:
-    """The rows as a fixed-width table."""
+    """The rows as a fixed-width table, after a line naming the compilers (:func:`compilers`)."""
     cols = [("backend", 7), ("kernel", 18), ("arch", 5), ("config", 30), ("ok", 5), ("registers", 4),
             ("spill_bytes", 6), ("shared_bytes", 7), ("mma_instructions", 5), ("tensor_cores", 5)]
     heads = {"registers": "regs", "spill_bytes": "spill", "shared_bytes": "smem", "mma_instructions": "mma",
              "tensor_cores": "TC"}
-    out = ["  ".join(f"{heads.get(c, c):<{w}}" for c, w in cols)]
+    out = [compilers(rows), "  ".join(f"{heads.get(c, c):<{w}}" for c, w in cols)]
     for r in rows:
         out.append("  ".join(f"{str(r.get(c)):<{w}}" for c, w in cols))
     return "\n".join(out)

@@ -1,9 +1,15 @@
 """``python -m flashlib info`` and ``python -m flashlib check``: what is here, and does it work here.
 
-``info`` lists versions, the device, and each backend with whether it can run on this device (and why
-not). ``check`` runs every backend that can run against the float64 oracle at a few awkward shapes on
-the present device (a CUDA GPU if there is one, else the CPU) — forward, backward and decode — and prints
-a pass/fail table: the first thing a Colab reader runs.
+``info`` lists versions, the device, and each backend with whether it runs on this device: a backend is
+called available only after a small forward through it has run here (a static claim would have said
+"available" for a CUDA backend that could not compile on a real GPU). ``check`` runs every backend
+that can run against the float64 oracle at a few awkward shapes on the present device (a CUDA GPU if
+there is one, else the CPU) — forward, backward and decode — plus, on a GPU, a backward at a realistic
+size (N ~ 1000, d = 128: large enough to use the real kernel configs) run twice and compared bit for
+bit: the class of bug a real H100 found in a kernel that passed every CPU test. It prints a table: the
+first thing a Colab reader runs. ``check`` never crashes: every row ends as pass, FAIL (a wrong
+result), error (an exception, with its reason) or skipped (the backend cannot run on this device, and
+why); the exit status is 0 only if every row that ran passed.
 
 Explained in: notebooks/09_models.
 """
@@ -14,7 +20,7 @@ import platform
 import shutil
 import time
 
-__all__ = ["info", "check", "format_info", "format_check", "CHECK_CASES"]
+__all__ = ["info", "check", "exit_code", "format_info", "format_check", "CHECK_CASES", "DETERMINISM_CASE"]
 
 # (B, H, Hkv, Nq, Nk, d, causal): odd lengths, Nq != Nk both ways, fully-masked rows, GQA, MQA
 CHECK_CASES = [
@@ -37,8 +43,28 @@ def _device():
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def _try_backend(name: str, dev) -> tuple[bool, str]:
+    """Run a tiny forward through backend ``name`` on ``dev``: ``(True, description)`` if it ran and
+    gave finite values, else ``(False, why)``."""
+    import torch
+
+    from . import api
+    backend = api.BACKENDS[name]
+    dtype = torch.float16 if dev.type == "cuda" else torch.float32
+    q, k, v = (torch.randn(1, 2, 5, 16, device=dev).to(dtype) for _ in range(3))
+    try:
+        backend.check(q, "attention")
+        o = api.attention(q, k, v, causal=True, backend=name)
+        if not bool(torch.isfinite(o).all()):
+            return False, f"a {tuple(q.shape)} {str(dtype)[6:]} forward ran but gave non-finite values"
+    except Exception as e:                         # noqa: BLE001 - the reason is what we report
+        return False, f"{type(e).__name__}: {e}"
+    return True, f"{backend.description} (a {str(dtype)[6:]} forward ran here)"
+
+
 def info() -> dict:
-    """Versions, the device, compilers, and per backend ``(available, reason)`` on this device."""
+    """Versions, the device, compilers, and per backend ``(available, reason)`` on this device; a
+    backend is available only after a small forward through it ran here."""
     import torch
 
     from . import __version__
@@ -51,15 +77,8 @@ def info() -> dict:
         f"{torch.cuda.get_device_name(0)} (sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}, "
         f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs)",
         "nvcc": shutil.which("nvcc") or "not found", "g++": shutil.which("g++") or "not found",
-        "backends": {},
+        "backends": {name: _try_backend(name, dev) for name in sorted(BACKENDS)},
     }
-    probe = torch.zeros(1, 1, 1, 16, device=dev, dtype=torch.float32)
-    for name, backend in sorted(BACKENDS.items()):
-        try:
-            backend.check(probe, "attention")
-            out["backends"][name] = (True, backend.description)
-        except Exception as e:                     # noqa: BLE001 - the reason is what we report
-            out["backends"][name] = (False, f"{type(e).__name__}: {e}")
     return out
 
 
@@ -133,17 +152,80 @@ def _decode_one(backend, dtype, dev) -> tuple[bool, float, str]:
     return True, 0.0, "ragged cache (77, 5, 0) matches the oracle"
 
 
+# The realistic backward: N ~ 1000 and d = 128 reach the kernels' real GPU configs (a test of 40 tokens
+# never does); GQA and causal with Nq != Nk, so every masking path runs.
+DETERMINISM_CASE = (2, 8, 2, 1000, 1037, 128, True)
+
+
+def _determinism_one(backend, dtype, dev, case=DETERMINISM_CASE) -> tuple[bool, float, str]:
+    """The backward of ``case`` twice on the same inputs: bit-for-bit equal, and right (the oracle)."""
+    import torch
+
+    from . import api
+    from .testing import assert_close, assert_fa_rule, plain_torch_attention, reference_gqa
+    b, h, hkv, nq, nk, d, causal = case
+    g = torch.Generator().manual_seed(1234)
+    q, k, v, do = (torch.randn(*s, generator=g).to(dev, dtype)
+                   for s in ((b, h, nq, d), (b, hkv, nk, d), (b, hkv, nk, d), (b, h, nq, d)))
+    runs = []
+    for _ in range(2):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        o = api.attention(*leaves, causal=causal, backend=backend)
+        runs.append(torch.autograd.grad(o, leaves, do))
+    for n, a, b2 in zip(("dq", "dk", "dv"), *runs):
+        if not torch.equal(a, b2):
+            raise AssertionError(f"{n} differs between two identical backward calls (max "
+                                 f"{(a.double() - b2.double()).abs().max().item():.2e}): not deterministic")
+    _, _, g_ref = reference_gqa(q, k, v, causal=causal, do=do)
+    if dtype == torch.float32:
+        for got, want, n in zip(runs[0], g_ref, ("dq", "dk", "dv")):
+            assert_close(got.cpu().double(), want, atol=1e-4, rtol=1e-4, name=n)
+    else:
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        base = torch.autograd.grad(plain_torch_attention(*leaves, causal=causal), leaves, do)
+        for got, bg, want, n in zip(runs[0], base, g_ref, ("dq", "dk", "dv")):
+            assert_fa_rule(got, bg, want, factor=3.0, name=n)
+    return True, 0.0, "two backward calls bit-for-bit equal, and right (oracle)"
+
+
+def _cases(dev):
+    """The check's cases on ``dev``: the awkward shapes, the ragged decode, and on a GPU the realistic
+    backward twice (on a CPU the interpreter runs one program at a time: nothing to race)."""
+    return [*CHECK_CASES, "decode", *(["determinism"] if dev.type == "cuda" else [])]
+
+
+def _run_case(name, case, dtype, dev) -> tuple[str, str]:
+    """One row's ``(status, note)``: pass, FAIL (an AssertionError: a wrong result) or error (any other
+    exception, with its reason). Never raises."""
+    try:
+        if case == "decode":
+            _, _, note = _decode_one(name, dtype, dev)
+        elif case == "determinism":
+            _, _, note = _determinism_one(name, dtype, dev)
+        else:
+            _, _, note = _one(name, case, dtype, dev)
+        return "pass", note
+    except AssertionError as e:
+        return "FAIL", str(e)
+    except Exception as e:                         # noqa: BLE001 - check never crashes; it reports
+        return "error", f"{type(e).__name__}: {e}"
+
+
 def check(backends=None) -> list[dict]:
-    """Run each backend that can run here against the oracle; one row per (backend, dtype, case)."""
+    """Run each backend that can run here against the oracle; one row per (backend, dtype, case).
+
+    Each row's status is pass, FAIL, error (with the exception) or skipped (the backend cannot run on
+    this device, with why). :func:`exit_code` turns the rows into the command's exit status."""
     import torch
 
     from .api import BACKENDS
     dev = _device()
     names = sorted(BACKENDS) if backends is None else list(backends)
-    rows = []
     for name in names:
         if name not in BACKENDS:
             raise ValueError(f"backends must name registered backends {sorted(BACKENDS)}, got {name!r}")
+    rows = []
+    for name in names:
         for dtype in _dtypes(dev):
             probe = torch.zeros(1, 1, 1, 16, device=dev, dtype=dtype)
             try:
@@ -152,23 +234,25 @@ def check(backends=None) -> list[dict]:
                 rows.append({"backend": name, "dtype": str(dtype)[6:], "case": "-", "status": "skipped",
                              "note": f"{type(e).__name__}: {e}", "seconds": 0.0})
                 continue
-            for case in [*CHECK_CASES, "decode"]:
+            for case in _cases(dev):
                 t0 = time.perf_counter()
-                try:
-                    _, _, note = (_decode_one(name, dtype, dev) if case == "decode"
-                                  else _one(name, case, dtype, dev))
-                    status = "pass"
-                except AssertionError as e:
-                    status, note = "FAIL", str(e)
+                status, note = _run_case(name, case, dtype, dev)
                 rows.append({"backend": name, "dtype": str(dtype)[6:], "case": _case_name(case),
                              "status": status, "note": note,
                              "seconds": round(time.perf_counter() - t0, 2)})
     return rows
 
 
+def exit_code(rows) -> int:
+    """0 if every row that ran passed (skipped rows did not run), else 1."""
+    return 0 if all(r["status"] in ("pass", "skipped") for r in rows) else 1
+
+
 def _case_name(case) -> str:
     if case == "decode":
         return "decode B3 H4/2 Nq1 Nmax77 d64 ragged"
+    if case == "determinism":
+        return "bwd x2 bitwise " + _case_name(DETERMINISM_CASE)
     b, h, hkv, nq, nk, d, causal = case
     return f"B{b} H{h}/{hkv} Nq{nq} Nk{nk} d{d}{' causal' if causal else ''}"
 
@@ -179,7 +263,7 @@ def format_check(rows) -> str:
     for r in rows:
         lines.append(f"{r['backend']:<10} {r['dtype']:<9} {r['case']:<37} {r['status']:<7} "
                      f"{r['seconds']:>6.2f}  {r['note'][:90]}")
-    passed = sum(r["status"] == "pass" for r in rows)
-    failed = sum(r["status"] == "FAIL" for r in rows)
-    lines.append(f"{passed} passed, {failed} failed")
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "FAIL", "error", "skipped")}
+    lines.append(f"{counts['pass']} passed, {counts['FAIL']} failed, {counts['error']} errors, "
+                 f"{counts['skipped']} skipped (cannot run on this device)")
     return "\n".join(lines)

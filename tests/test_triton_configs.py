@@ -78,7 +78,7 @@ def test_hazard_spares_the_configs_shown_right(cfg):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kernel", configs.KERNELS)
 def test_no_table_ever_offers_a_hazardous_config(kernel, arch):
-    for table in (configs.CANDIDATES, configs.SM75):
+    for table in (configs.CANDIDATES, configs.SM75, configs.SM90):
         assert all(configs.hazard(kernel, c) is None for c in table[kernel])
     for block_d in (16, 32, 64, 128, 256):
         for es in (2, 4):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..hardware import ARCH_SMEM_LIMIT
 
-__all__ = ["Config", "KERNELS", "CANDIDATES", "INTERPRETER", "hazard", "safe", "smem_estimate", "arch_config",
+__all__ = ["Config", "KERNELS", "CANDIDATES", "SM75", "SM90", "INTERPRETER", "hazard", "safe", "smem_estimate", "arch_config",
            "arch_candidates", "pick_config", "launch", "run_with_fallback", "device_arch",
            "check_dtype_arch"]
 
@@ -71,12 +71,19 @@ KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "decode")
 CANDIDATES: dict[str, list[Config]] = {
     "fwd": [Config(128, 64, 8, 3), Config(128, 32, 8, 2), Config(64, 64, 4, 2), Config(64, 32, 4, 2),
             Config(32, 32, 4, 1)],
-    # Backward on the H100 (B4 H16 N8192 d128 fp16, TFLOP/s with FA2's count, 2026-11-23): dK/dV
-    # M64-N64-w4-s2 with dQ M64-N64-w4-s2 = 379 (the old M32-N64-w8-s2 + M128-N32-w8-s2: 175); dK/dV
-    # with 8 warps or N128: 143-346. At d = 64: 253-274 for these pairs.
-    "bwd_dkdv": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 2), Config(16, 32, 4, 1)],
+    # dK/dV holds two fp32 (block_n x d) accumulators: at d = 128 only 32 x 32 tiles compile without
+    # spilling on sm_80 (triton 3.9: M64-N32-w4-s2 spills 284 bytes, M64-N64-w4-s2 1216).
+    "bwd_dkdv": [Config(32, 32, 4, 2), Config(16, 32, 4, 1)],
     "bwd_dq": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(64, 16, 4, 2), Config(32, 16, 4, 1)],
     "decode": [Config(64, 64, 4, 2), Config(32, 32, 4, 1)],
+}
+# sm_90 (H100): the backward pair measured fastest among those measured right (B4 H16 N8192 d128 fp16,
+# TFLOP/s with FA2's count, triton 3.6, 2026-11-23): dK/dV M64-N64-w4-s2 + dQ M64-N64-w4-s2 = 379
+# (the old M32-N64-w8-s2 + M128-N32-w8-s2: 175, and wrong); dK/dV with 8 warps or N128: 143-346; at
+# d = 64 these pairs gave 253-274. triton 3.9 spills 288 bytes for this dK/dV tile on sm_90.
+SM90: dict[str, list[Config]] = {
+    **CANDIDATES,
+    "bwd_dkdv": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 2), Config(16, 32, 4, 1)],
 }
 # sm_75 (FFMA for tl.dot): small tiles and 8 warps keep the fp32 partial products in registers
 # (compile report, d = 128: no spills; 64 x 32 tiles spilled ~15 KB per thread).
@@ -135,8 +142,9 @@ def arch_candidates(kernel: str, arch: str, block_d: int, elem_bytes: int, *,
     smallest candidate, even if its estimate does not fit: the launch then says so)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    table = SM75 if arch == "sm_75" else CANDIDATES
-    factor = SM75_SMEM_FACTOR if arch == "sm_75" else 1
+    cc = int(arch.removeprefix("sm_").rstrip("a"))
+    table = SM75 if cc < 80 else SM90 if cc >= 90 else CANDIDATES
+    factor = SM75_SMEM_FACTOR if cc < 80 else 1
     limit = _limit_bytes(arch) if limit is None else limit
     fits = [c for c in table[kernel] if factor * smem_estimate(kernel, c, block_d, elem_bytes) <= limit]
     return fits or [table[kernel][-1]]
