@@ -13,6 +13,9 @@
 //   (32 lanes x 8); keys past cache_seqlens[b] are never read; a sequence of length 0, or an empty
 //   split, gives O = 0 and LSE = -inf. Shared memory (5d + 8) * 4 bytes (5.1 KB at d = 256).
 //   causal = bottom-right within each sequence: query i of Nq sees key j iff j <= i + len_b - Nq.
+// Launch: 1-D grids, so any B * H that fits in memory launches (gridDim.x allows 2^31 - 1; y and z,
+//   which held h and b before this fix, stop at 65,535): split blockIdx.x = (b * H + h) * S + s,
+//   combine blockIdx.x = (b * H + h) * nq + qi — the output row itself.
 // Run: flashlib.cuda.decode(q, k_cache, v_cache, cache_seqlens=..., num_splits=...); on a CPU it runs
 //   in the emulator.
 #include <cuda_fp16.h>
@@ -40,7 +43,8 @@ __device__ void split(const T* __restrict__ q, const T* __restrict__ k, const T*
     const float NEG_INF = __int_as_float(0xff800000);
     float* q_s = smem;                               // (d)           this query row, fp32
     float* st = q_s + d;                             // (WARPS, d+2)  each warp's (m, l, O[0..d))
-    const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
+    const int bh = blockIdx.x / S, s = blockIdx.x - bh * S;   // blockIdx.x = (b * H + h) * S + s
+    const int b = bh / H, h = bh - b * H, hk = h / (H / Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int len = seqlens[b];
     const int k0 = int((long long)s * len / S), k1 = int((long long)(s + 1) * len / S);   // split_bounds
@@ -114,8 +118,7 @@ __device__ void combine(const float* __restrict__ o_parts, const float* __restri
                         T* __restrict__ o, float* __restrict__ lse, int B, int H, int nq, int d, int S)
 {
     const float NEG_INF = __int_as_float(0xff800000);
-    const int qi = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const long long row = ((long long)(b) * H + h) * nq + qi;
+    const long long row = blockIdx.x;                    // ((b * H + h) * nq + qi): the block is the row
     const long long stride = (long long)(B) * H * nq;        // from one split to the next
     float M = NEG_INF, L = 0.0f;
     for (int s = 0; s < S; ++s) M = fmaxf(M, lse_parts[s * stride + row]);

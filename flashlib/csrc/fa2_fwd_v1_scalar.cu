@@ -10,11 +10,16 @@
 //   the threads of a warp reading their own rows hit 32 different banks); BR in {64, 32, 16, 8} is
 //   chosen by flashlib so that shared memory (2*BR + BC) * stride * 4 bytes stays within the 48 KB every
 //   GPU grants without opt-in. GQA/MQA read kv head h / (H / Hkv); Nq != Nk causal is bottom-right.
+// Launch: a 1-D grid of ceil(nq / BR) * H * B blocks, blockIdx.x = (b * H + h) * tiles + tile, so any
+//   B * H that fits in memory launches (gridDim.x allows 2^31 - 1; y and z, which held h and b before
+//   this fix, stop at 65,535). __launch_bounds__(64, 1): with the index decoding, a bare (64) made
+//   ptxas 13.0 cap v1 at 72 (sm_75/80) or 64 (sm_86+) registers and spill; at d >= 64 the 33-41 KB of
+//   shared memory per block already limit an SM to a few blocks, so asking for 1 costs no occupancy.
 // Run: flashlib.cuda.forward(q, k, v, version="v1") (fp32 picks v1); on a CPU it runs in the emulator.
 
 constexpr int V1_BC = 16;   // keys per K/V tile = scores each thread holds in registers
 
-extern "C" __global__ void __launch_bounds__(64)
+extern "C" __global__ void __launch_bounds__(64, 1)
 fa2_fwd_v1_f32(const float* __restrict__ q,    // (B, H, nq, d)
                const float* __restrict__ k,    // (B, Hkv, nk, d)
                const float* __restrict__ v,    // (B, Hkv, nk, d)
@@ -30,11 +35,13 @@ fa2_fwd_v1_f32(const float* __restrict__ q,    // (B, H, nq, d)
     float* o_s = q_s + br * ds;                      // (br, ds)  O_i, unnormalised
     float* kv_s = o_s + br * ds;                     // (BC, ds)  K_j, then V_j
 
-    const int b = blockIdx.z, h = blockIdx.y, hk = h / (H / Hkv);   // GQA: query head -> kv head
-    const int row0 = blockIdx.x * br, r = threadIdx.x, i = row0 + r;
-    const float* qh = q + ((long long)(b) * H + h) * nq * d;
-    const float* kh = k + ((long long)(b) * Hkv + hk) * nk * d;
-    const float* vh = v + ((long long)(b) * Hkv + hk) * nk * d;
+    const int tiles = (nq + br - 1) / br;            // 1-D grid: blockIdx.x = (b * H + h) * tiles + tile
+    const int bh = blockIdx.x / tiles;               // b * H + h: this block's (batch, query head)
+    const int bhk = (bh / H) * Hkv + (bh % H) / (H / Hkv);   // b * Hkv + kv head (GQA)
+    const int row0 = (blockIdx.x - bh * tiles) * br, r = threadIdx.x, i = row0 + r;
+    const float* qh = q + (long long)(bh) * nq * d;
+    const float* kh = k + (long long)(bhk) * nk * d;
+    const float* vh = v + (long long)(bhk) * nk * d;
     const int offset = nk - nq;                      // bottom-right causal: i sees j <= i + offset
 
     for (int e = threadIdx.x; e < br * d; e += br) { // line 4: load Q_i (coalesced over the tile)
@@ -95,8 +102,8 @@ fa2_fwd_v1_f32(const float* __restrict__ q,    // (B, H, nq, d)
 
     if (i < nq) {                                    // lines 12-15: O_i / l, LSE = m + log l
         const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;   // a row that saw no key: O = 0, LSE = -inf
-        float* oh = o + (((long long)(b) * H + h) * nq + i) * d;
+        float* oh = o + ((long long)(bh) * nq + i) * d;
         for (int c = 0; c < d; ++c) oh[c] = o_s[r * ds + c] * inv_l;
-        lse[((long long)(b) * H + h) * nq + i] = l > 0.0f ? m + logf(l) : NEG_INF;
+        lse[(long long)(bh) * nq + i] = l > 0.0f ? m + logf(l) : NEG_INF;
     }
 }

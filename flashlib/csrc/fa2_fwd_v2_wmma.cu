@@ -15,6 +15,8 @@
 //   shared memory within 48 KB (no opt-in) for every d; BC = 32 keys per tile. __launch_bounds__(128, 1):
 //   with a bare (128), ptxas 13.0 capped sm_80 at 64 registers and spilled; at 45 KB of shared memory
 //   per block only 1-4 blocks fit on an SM anyway, so asking for 1 costs no occupancy.
+// Launch: a 1-D grid of ceil(nq / BR) * H * B blocks, blockIdx.x = (b * H + h) * tiles + tile, as v1
+//   (any B * H that fits in memory; gridDim.y/z, which held h and b before this fix, stop at 65,535).
 // Run: flashlib.cuda.forward(q, k, v) with fp16/bf16 tensors (picks v2); on a CPU it runs in the emulator.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -55,11 +57,13 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     const int my_row = wr + lane / 2;                // the row this lane and its neighbour own
     const int half_ = lane & 1;                      // which 16 of the BC scores, which half of O
     const int c_lo = half_ * (d16 / 2), c_hi = c_lo + d16 / 2;
-    const int b = blockIdx.z, h = blockIdx.y, hk = h / (H / Hkv);
-    const int row0 = blockIdx.x * br, i = row0 + my_row;
-    const T* qh = q + ((long long)(b) * H + h) * nq * d;
-    const T* kh = k + ((long long)(b) * Hkv + hk) * nk * d;
-    const T* vh = v + ((long long)(b) * Hkv + hk) * nk * d;
+    const int tiles = (nq + br - 1) / br;            // 1-D grid: blockIdx.x = (b * H + h) * tiles + tile
+    const int bh = blockIdx.x / tiles;               // b * H + h: this block's (batch, query head)
+    const int bhk = (bh / H) * Hkv + (bh % H) / (H / Hkv);   // b * Hkv + kv head (GQA)
+    const int row0 = (blockIdx.x - bh * tiles) * br, i = row0 + my_row;
+    const T* qh = q + (long long)(bh) * nq * d;
+    const T* kh = k + (long long)(bhk) * nk * d;
+    const T* vh = v + (long long)(bhk) * nk * d;
     const int offset = nk - nq;                      // bottom-right causal: i sees j <= i + offset
     const T zero = from_float<T>(0.0f);
 
@@ -145,9 +149,9 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
 
     if (i < nq) {                                    // lines 12-15
         const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;   // a row that saw no key: O = 0, LSE = -inf
-        T* oh = o + (((long long)(b) * H + h) * nq + i) * d;
+        T* oh = o + ((long long)(bh) * nq + i) * d;
         for (int c = c_lo; c < min(c_hi, d); ++c) oh[c] = from_float<T>(o_s[my_row * os + c] * inv_l);
-        if (half_ == 0) lse[((long long)(b) * H + h) * nq + i] = l > 0.0f ? m + logf(l) : NEG_INF;
+        if (half_ == 0) lse[(long long)(bh) * nq + i] = l > 0.0f ? m + logf(l) : NEG_INF;
     }
 }
 }  // namespace fa2v2

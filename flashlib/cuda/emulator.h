@@ -239,7 +239,7 @@ template <class... A>
 inline void launch(void (*kernel)(A...), dim3 grid, dim3 block, size_t dyn_bytes, void** args) {
     const long n = long(block.x) * block.y * block.z;
     if (n < 1 || n > 1024) fail("block of %ld threads: CUDA allows 1 to 1024", n);
-    if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.y > 65535 || grid.z > 65535)
+    if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
         fail("grid (%u,%u,%u) outside CUDA's limits", grid.x, grid.y, grid.z);
     if (dyn_bytes > 227 * 1024) fail("%zu bytes of dynamic shared memory: no GPU offers more than 227 KB", dyn_bytes);
     LaunchState L;

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from . import build
 
-__all__ = ["LaunchSpec", "SMEM_BUDGET", "v1_launch", "v2_launch", "decode_launch", "run_emulated",
-           "run_gpu", "EmulatorError"]
+__all__ = ["LaunchSpec", "SMEM_BUDGET", "GRID_X_MAX", "GRID_YZ_MAX", "flat_grid", "v1_launch", "v2_launch",
+           "decode_launch", "run_emulated", "run_gpu", "EmulatorError"]
 
 # Shared memory per block we allow ourselves: the 48 KB every GPU grants without an opt-in
 # (cudaFuncSetAttribute). A T4 could opt into 64 KB; staying at 48 KB keeps one code path everywhere.
@@ -35,6 +35,11 @@ SMEM_BUDGET = 48 * 1024
 V1_BC = 16          # must match fa2_fwd_v1_scalar.cu
 V2_BC = 32          # must match fa2_fwd_v2_wmma.cu
 DECODE_THREADS = 128  # must match decode_splitkv.cu (4 warps)
+# CUDA's grid limits: gridDim.x up to 2^31 - 1, gridDim.y and gridDim.z up to 65,535. Every kernel here
+# flattens its (block, head, batch) index into blockIdx.x and decodes it in the kernel, so that any
+# B x H that fits in memory launches (with H in y and B in z, B = 100,000 sequences could not).
+GRID_X_MAX = 2 ** 31 - 1
+GRID_YZ_MAX = 65535
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,23 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def flat_grid(*counts: int) -> tuple[int, int, int]:
+    """The 1-D grid ``(prod(counts), 1, 1)``; a kernel decodes blockIdx.x, first count fastest.
+
+    Raises ValueError when the product exceeds CUDA's gridDim.x limit of 2^31 - 1 blocks (tensors that
+    large would not fit in any GPU's memory).
+
+    Explained in: notebooks/08_cuda.
+    """
+    n = 1
+    for c in counts:
+        n *= int(c)
+    if not 1 <= n <= GRID_X_MAX:
+        raise ValueError(f"a launch of {' x '.join(map(str, counts))} = {n} blocks is outside CUDA's "
+                         f"grid limit of 1..{GRID_X_MAX}")
+    return (n, 1, 1)
+
+
 # ---- v1: scalar fp32 ------------------------------------------------------------------------------
 def v1_tile(d: int) -> tuple[int, int]:
     """(BR, shared bytes) for v1 at head dim d: the largest BR in 64, 32, 16, 8 that fits 48 KB."""
@@ -69,9 +91,12 @@ def v1_tile(d: int) -> tuple[int, int]:
 
 
 def v1_launch(b, h, hkv, nq, nk, d, scale, causal) -> list[LaunchSpec]:
-    """v1 (``fa2_fwd_v1_f32``): one block per (BR query rows, head, batch), one thread per row."""
+    """v1 (``fa2_fwd_v1_f32``): one block per (BR query rows, head, batch), one thread per row.
+
+    The grid is 1-D: blockIdx.x = (batch * H + head) * tiles + tile, with tiles = ceil(nq / BR).
+    """
     br, smem = v1_tile(d)
-    return [LaunchSpec("fa2_fwd_v1_scalar.cu", "fa2_fwd_v1_f32", (_cdiv(nq, br), h, b), (br, 1, 1), smem,
+    return [LaunchSpec("fa2_fwd_v1_scalar.cu", "fa2_fwd_v1_f32", flat_grid(_cdiv(nq, br), h, b), (br, 1, 1), smem,
                        (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "o"), ("buf", "lse"),
                         ("i32", h), ("i32", hkv), ("i32", nq), ("i32", nk), ("i32", d),
                         ("f32", scale), ("i32", int(causal))),
@@ -95,9 +120,10 @@ def v2_tile(d: int) -> tuple[int, int]:
 
 
 def v2_launch(b, h, hkv, nq, nk, d, scale, causal, dtype: str) -> list[LaunchSpec]:
-    """v2 (``fa2_fwd_v2_f16`` / ``fa2_fwd_v2_bf16``): one block of BR/16 warps per Q tile."""
+    """v2 (``fa2_fwd_v2_f16`` / ``fa2_fwd_v2_bf16``): one block of BR/16 warps per Q tile, 1-D grid
+    indexed as v1's."""
     br, smem = v2_tile(d)
-    return [LaunchSpec("fa2_fwd_v2_wmma.cu", f"fa2_fwd_v2_{dtype}", (_cdiv(nq, br), h, b), (2 * br, 1, 1),
+    return [LaunchSpec("fa2_fwd_v2_wmma.cu", f"fa2_fwd_v2_{dtype}", flat_grid(_cdiv(nq, br), h, b), (2 * br, 1, 1),
                        smem, (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "o"), ("buf", "lse"),
                               ("i32", h), ("i32", hkv), ("i32", nq), ("i32", nk), ("i32", d),
                               ("f32", scale), ("i32", int(causal))),
@@ -108,18 +134,20 @@ def v2_launch(b, h, hkv, nq, nk, d, scale, causal, dtype: str) -> list[LaunchSpe
 def decode_launch(b, h, hkv, nq, nmax, d, scale, causal, num_splits, dtype: str) -> list[LaunchSpec]:
     """Flash-Decoding: ``decode_split_<dtype>`` then ``decode_combine_<dtype>``.
 
-    Split kernel: grid (num_splits, H, B), 4 warps; dynamic shared memory holds one query row (d
-    floats) and the 4 warps' partial states. It writes ``o_parts (S, B, H, nq, d)`` and
-    ``lse_parts (S, B, H, nq)`` in fp32. Combine kernel: grid (nq, H, B), 128 threads over d.
+    Split kernel: one block per (split, head, batch), blockIdx.x = (batch * H + head) * S + split,
+    4 warps; dynamic shared memory holds one query row (d floats) and the 4 warps' partial states. It
+    writes ``o_parts (S, B, H, nq, d)`` and ``lse_parts (S, B, H, nq)`` in fp32. Combine kernel: one
+    block per output row, blockIdx.x = (batch * H + head) * nq + query, 128 threads over d.
     """
     smem = (d + 4 * (d + 2)) * 4
     common = (("i32", b), ("i32", h), ("i32", hkv), ("i32", nq), ("i32", nmax), ("i32", d))
-    split = LaunchSpec("decode_splitkv.cu", f"decode_split_{dtype}", (num_splits, h, b), (DECODE_THREADS, 1, 1),
-                       smem, (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "seqlens"), ("buf", "o_parts"),
-                              ("buf", "lse_parts"), *common, ("i32", num_splits), ("f32", scale),
-                              ("i32", int(causal))),
+    split = LaunchSpec("decode_splitkv.cu", f"decode_split_{dtype}", flat_grid(num_splits, h, b),
+                       (DECODE_THREADS, 1, 1), smem,
+                       (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "seqlens"), ("buf", "o_parts"),
+                        ("buf", "lse_parts"), *common, ("i32", num_splits), ("f32", scale), ("i32", int(causal))),
                        f"{dtype} d={d} splits={num_splits}")
-    combine = LaunchSpec("decode_splitkv.cu", f"decode_combine_{dtype}", (nq, h, b), (DECODE_THREADS, 1, 1), 0,
+    combine = LaunchSpec("decode_splitkv.cu", f"decode_combine_{dtype}", flat_grid(nq, h, b),
+                         (DECODE_THREADS, 1, 1), 0,
                          (("buf", "o_parts"), ("buf", "lse_parts"), ("buf", "o"), ("buf", "lse"),
                           ("i32", b), ("i32", h), ("i32", nq), ("i32", d), ("i32", num_splits)),
                          f"{dtype} d={d} splits={num_splits}")
