@@ -4,10 +4,10 @@
   ``runner.cpp`` into a small executable (optionally under AddressSanitizer or ThreadSanitizer). It is
   built once per (source hash, mode) and cached in ``$FLASHLIB_CACHE_DIR`` (default
   ``~/.cache/flashlib``); parallel test workers wait on a file lock instead of compiling twice.
-* :func:`nvcc_usage` compiles a ``.cu`` file to a cubin for one architecture with
-  ``nvcc -cubin --resource-usage`` and disassembles it with ``cuobjdump -sass``: registers, spills,
-  static shared memory and tensor-core (HMMA/HGMMA) instruction counts per kernel; results are cached
-  as JSON by source hash.
+* :func:`nvcc_cubin` compiles a ``.cu`` file to a cubin for one architecture with
+  ``nvcc -cubin --resource-usage`` (cached by source hash); :func:`nvcc_usage` disassembles it with
+  ``cuobjdump -sass``: registers, spills, static shared memory and tensor-core (HMMA/HGMMA) instruction
+  counts per kernel, cached as JSON. A GPU whose CUDA headers NVRTC cannot find loads the cubin.
 
 Why a child process rather than ctypes: a sanitizer runtime must be the first library a process loads,
 so an ASan/TSan build cannot be ``dlopen``-ed into a running Python; and an emulator abort (a WMMA
@@ -30,7 +30,7 @@ import shutil
 import subprocess
 
 __all__ = ["CSRC", "EMU_DIR", "SANITIZERS", "cache_dir", "find_tool", "require_tool", "kernel_names",
-           "harness_text", "emulator_binary", "nvcc_usage"]
+           "harness_text", "emulator_binary", "nvcc_cubin", "nvcc_usage"]
 
 EMU_DIR = pathlib.Path(__file__).resolve().parent
 CSRC = EMU_DIR.parent / "csrc"
@@ -149,6 +149,19 @@ def _locked(path: pathlib.Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _once(path: pathlib.Path, make) -> pathlib.Path:
+    """``path``, after ``make()`` has created it unless it exists: under a file lock, so parallel test
+    workers wait for one build instead of running two.
+
+    Explained in: notebooks/08_cuda.
+    """
+    if not path.exists():
+        with _locked(path):
+            if not path.exists():
+                make()
+    return path
+
+
 def _source(source) -> tuple[str, str, str]:
     """(name, text, origin) of a source given as a csrc file name, a path, or a (name, text) pair."""
     if isinstance(source, tuple):
@@ -184,11 +197,8 @@ def emulator_binary(source, sanitizer: str | None = None) -> pathlib.Path:
                                     _tool_version(gxx)]).encode()).hexdigest()[:16]
     mode = sanitizer or "plain"
     exe = cache_dir() / f"emu-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{mode}-{key}"
-    if exe.exists():
-        return exe
-    with _locked(exe):
-        if exe.exists():
-            return exe
+
+    def make():
         cpp = exe.with_suffix(".cpp")
         cpp.write_text(harness)
         tmp = exe.with_name(exe.name + f".tmp{os.getpid()}")
@@ -197,7 +207,7 @@ def emulator_binary(source, sanitizer: str | None = None) -> pathlib.Path:
             raise RuntimeError(f"g++ could not build the emulator for {name} ({mode}):\n"
                                f"{proc.stderr[-6000:]}")
         os.replace(tmp, exe)
-    return exe
+    return _once(exe, make)
 
 
 # ---- nvcc: resource usage and SASS ----------------------------------------------------------------
@@ -243,43 +253,73 @@ def _count_mma(sass: str) -> dict[str, int]:
     return counts
 
 
-def nvcc_usage(source, arch: str) -> dict[str, dict]:
-    """Per-kernel ``{"registers", "stack_bytes", "spill_bytes", "static_smem", "mma_instructions"}``.
+def _nvcc_job(source, arch, purpose):
+    """``(nvcc, name, text, key)`` for compiling ``source`` for ``arch``; ``key`` hashes the source,
+    the arch and nvcc's version (the cache key of everything built from them).
 
-    Compiles ``source`` with ``nvcc -cubin -arch=<arch> --resource-usage`` and counts tensor-core
-    instructions (HMMA on sm_75..sm_89, HGMMA/HMMA on sm_90) in ``cuobjdump -sass``. Cached as JSON by
-    (source, arch, nvcc version). Raises RuntimeError naming a missing tool or quoting nvcc's errors.
+    Explained in: notebooks/08_cuda.
     """
     if not re.fullmatch(r"sm_\d+a?", str(arch)):
         raise ValueError(f"arch must look like 'sm_80', got {arch!r}")
-    nvcc = require_tool("nvcc", "the CUDA compile report")
-    cuobjdump = require_tool("cuobjdump", "counting tensor-core instructions in the compile report")
-    name, text, origin = _source(source)
+    nvcc = require_tool("nvcc", purpose)
+    name, text, _ = _source(source)
     key = hashlib.sha256("\0".join([text, arch, _tool_version(nvcc)]).encode()).hexdigest()[:16]
-    cached = cache_dir() / f"nvcc-{name}-{arch}-{key}.json"
-    if cached.exists():
-        return json.loads(cached.read_text())
-    with _locked(cached):
-        if cached.exists():
-            return json.loads(cached.read_text())
+    return nvcc, name, text, key
+
+
+def nvcc_cubin(source, arch: str) -> pathlib.Path:
+    """Compile ``source`` with ``nvcc -cubin -arch=<arch> --resource-usage`` (once, cached by source,
+    arch and nvcc version); returns the cubin's path. ptxas's resource report is kept beside it, in
+    ``<cubin>.ptxas.txt``. Used by the compile report and, on a GPU whose CUDA headers NVRTC cannot
+    find, to build the kernels (nvcc knows where its own headers are). Raises RuntimeError naming a
+    missing nvcc or quoting its errors.
+
+    Explained in: notebooks/08_cuda.
+    """
+    nvcc, name, text, key = _nvcc_job(source, arch, "compiling flashlib's CUDA kernels with nvcc")
+    cubin = cache_dir() / f"nvcc-{name}-{arch}-{key}.cubin"
+
+    def make():
         work = cache_dir() / f"nvcc-{name}-{arch}-{key}-{os.getpid()}"
         work.mkdir(exist_ok=True)
         try:
             src = work / f"{name}.cu"
             src.write_text(text)
-            cubin = work / f"{name}.cubin"
+            out = work / f"{name}.cubin"
             proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "--resource-usage",
-                                   "-o", str(cubin), str(src)], capture_output=True, text=True)
+                                   "-o", str(out), str(src)], capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"nvcc could not compile {name} for {arch}:\n{proc.stderr[-6000:]}")
-            usage = _parse_resource_usage(proc.stdout + proc.stderr)
-            sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True)
-            if sass.returncode != 0:
-                raise RuntimeError(f"cuobjdump -sass failed on {name} ({arch}): {sass.stderr[-2000:]}")
-            mma = _count_mma(sass.stdout)
-            for kname, row in usage.items():
-                row["mma_instructions"] = mma.get(kname, 0)
+            pathlib.Path(str(cubin) + ".ptxas.txt").write_text(proc.stdout + proc.stderr)
+            os.replace(out, cubin)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        cached.write_text(json.dumps(usage, indent=1, sort_keys=True))
-    return usage
+    return _once(cubin, make)
+
+
+def nvcc_usage(source, arch: str) -> dict[str, dict]:
+    """Per-kernel ``{"registers", "stack_bytes", "spill_bytes", "static_smem", "mma_instructions"}``.
+
+    Compiles ``source`` with :func:`nvcc_cubin` and counts tensor-core instructions (HMMA on
+    sm_75..sm_89, HGMMA/HMMA on sm_90) in ``cuobjdump -sass``. Cached as JSON by (source, arch, nvcc
+    version). Raises RuntimeError naming a missing tool or quoting nvcc's errors.
+
+    Explained in: notebooks/08_cuda.
+    """
+    _, name, _, key = _nvcc_job(source, arch, "the CUDA compile report")
+    cuobjdump = require_tool("cuobjdump", "counting tensor-core instructions in the compile report")
+    cached = cache_dir() / f"nvcc-{name}-{arch}-{key}.json"
+
+    def make():
+        cubin = nvcc_cubin(source, arch)
+        usage = _parse_resource_usage(pathlib.Path(str(cubin) + ".ptxas.txt").read_text())
+        sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True)
+        if sass.returncode != 0:
+            raise RuntimeError(f"cuobjdump -sass failed on {name} ({arch}): {sass.stderr[-2000:]}")
+        mma = _count_mma(sass.stdout)
+        for kname, row in usage.items():
+            row["mma_instructions"] = mma.get(kname, 0)
+        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(usage, indent=1, sort_keys=True))
+        os.replace(tmp, cached)                  # readers that skip the lock never see half a file
+    return json.loads(_once(cached, make).read_text())

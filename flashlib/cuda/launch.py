@@ -16,6 +16,7 @@ Explained in: notebooks/08_cuda.
 """
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import struct
@@ -23,10 +24,10 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from . import build
+from . import build, toolkit
 
 __all__ = ["LaunchSpec", "SMEM_BUDGET", "GRID_X_MAX", "GRID_YZ_MAX", "flat_grid", "v1_launch", "v2_launch",
-           "decode_launch", "run_emulated", "run_gpu", "EmulatorError"]
+           "decode_launch", "run_emulated", "to_cupy", "run_gpu", "EmulatorError"]
 
 # Shared memory per block we allow ourselves: the 48 KB every GPU grants without an opt-in
 # (cudaFuncSetAttribute). A T4 could opt into 64 KB; staying at 48 KB keeps one code path everywhere.
@@ -248,44 +249,105 @@ def run_emulated(specs, buffers: dict, outputs, *, sanitizer=None, source=None, 
 _GPU_MODULES: dict = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _include_dirs():
+    """:func:`toolkit.find_include_dirs`, looked up once per process (a tuple, or None).
+
+    Explained in: notebooks/08_cuda.
+    """
+    dirs = toolkit.find_include_dirs()
+    return None if dirs is None else tuple(dirs)
+
+
+def _gpu_module(cupy, source: str, arch: str):
+    """Compile ``source`` for ``arch``: NVRTC with the ``-I`` dirs :mod:`flashlib.cuda.toolkit` finds
+    (dirs that hold every header the kernels include, followed through); else — no such dirs, or
+    NVRTC rejects them (headers newer than the NVRTC that CuPy loads) — nvcc, which knows its own
+    headers (``build.nvcc_cubin``, loaded from the cubin); with neither, toolkit's RuntimeError naming
+    the missing headers, every place tried, and how to fix it.
+
+    Explained in: notebooks/08_cuda.
+    """
+    dirs, nvcc = _include_dirs(), build.find_tool("nvcc")
+    if dirs is not None:
+        mod = cupy.RawModule(code=(build.CSRC / source).read_text(), backend="nvrtc",
+                             options=("-std=c++17", *(f"-I{d}" for d in dirs)))
+        try:
+            mod.compile()
+            return mod
+        except cupy.cuda.compiler.CompileException:
+            if nvcc is None:
+                raise
+    elif nvcc is None:
+        raise toolkit.not_found_error(toolkit.search(stop=False))
+    return cupy.RawModule(path=str(build.nvcc_cubin(source, arch)))
+
+
 def _gpu_function(source: str, kernel: str):
-    """The kernel compiled by NVRTC (through CuPy) for this GPU; modules are cached per source."""
+    """The kernel compiled for the current GPU (see :func:`_gpu_module`); modules are cached per
+    (source, architecture).
+
+    Explained in: notebooks/08_cuda.
+    """
     try:
         import cupy
     except ImportError as exc:
         raise RuntimeError("CUDA tensors with backend='cuda' need CuPy, which compiles the kernels at run "
                            "time with NVRTC (Colab ships it; elsewhere: pip install cupy-cuda12x)") from exc
-    mod = _GPU_MODULES.get(source)
+    arch = f"sm_{cupy.cuda.Device().compute_capability}"
+    mod = _GPU_MODULES.get((source, arch))
     if mod is None:
-        text = (build.CSRC / source).read_text()
-        opts = ["-std=c++17"]
-        cuda_path = cupy.cuda.get_cuda_path()
-        if cuda_path and os.path.isdir(os.path.join(cuda_path, "include")):
-            opts.append(f"-I{os.path.join(cuda_path, 'include')}")
-        mod = cupy.RawModule(code=text, options=tuple(opts), backend="nvrtc")
-        _GPU_MODULES[source] = mod
+        mod = _GPU_MODULES[(source, arch)] = _gpu_module(cupy, source, arch)
     return mod.get_function(kernel)
 
 
+def to_cupy(cupy, t):
+    """A CuPy array over ``t``'s memory (no copy), for a kernel argument.
+
+    ``t.detach()`` first: ``cupy.from_dlpack`` refuses a tensor that requires grad (BufferError), and
+    the detached tensor shares ``t``'s storage, so what a kernel writes lands in the caller's tensor.
+    2-byte dtypes are passed as int16 (CuPy has no bfloat16; the kernel reads the same bytes).
+
+    Explained in: notebooks/08_cuda.
+    """
+    import torch
+
+    t = t.detach()
+    if t.element_size() == 2:
+        t = t.view(torch.int16)
+    return cupy.from_dlpack(t)
+
+
+def _cupy_stream(cupy, torch_stream):
+    """torch's current stream as a CuPy stream, so kernels queue behind torch's work: through the CUDA
+    stream protocol (``Stream.from_external``, CuPy >= 14) where both sides have it, else CuPy's older
+    ``ExternalStream`` (deprecated in CuPy 14).
+
+    Explained in: notebooks/08_cuda.
+    """
+    if hasattr(cupy.cuda.Stream, "from_external") and hasattr(torch_stream, "__cuda_stream__"):
+        return cupy.cuda.Stream.from_external(torch_stream)
+    return cupy.cuda.ExternalStream(torch_stream.cuda_stream)
+
+
 def run_gpu(specs, buffers: dict) -> dict:
-    """Run ``specs`` on the GPU that holds the CUDA tensors in ``buffers`` (outputs written in place)."""
+    """Run ``specs`` on the GPU that holds the CUDA tensors in ``buffers`` (outputs written in place).
+
+    Explained in: notebooks/08_cuda.
+    """
     import cupy
     import numpy as np
     import torch
 
-    def as_cupy(t):
-        if t.element_size() == 2:                         # CuPy has no bfloat16: pass the same bytes
-            t = t.view(torch.int16)
-        return cupy.from_dlpack(t)
-
-    arrays = {name: as_cupy(t) for name, t in buffers.items()}
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-    with stream:
-        for s in specs:
-            fn = _gpu_function(s.source, s.kernel)
-            if s.shared_bytes > 48 * 1024:
-                fn.max_dynamic_shared_size_bytes = s.shared_bytes
-            args = tuple(arrays[v] if k == "buf" else (np.int32(v) if k == "i32" else np.float32(v))
-                         for k, v in s.args)
-            fn(s.grid, s.block, args, shared_mem=s.shared_bytes)
+    device = next(iter(buffers.values())).device
+    with cupy.cuda.Device(device.index):
+        arrays = {name: to_cupy(cupy, t) for name, t in buffers.items()}
+        with _cupy_stream(cupy, torch.cuda.current_stream(device)):
+            for s in specs:
+                fn = _gpu_function(s.source, s.kernel)
+                if s.shared_bytes > 48 * 1024:
+                    fn.max_dynamic_shared_size_bytes = s.shared_bytes
+                args = tuple(arrays[v] if k == "buf" else (np.int32(v) if k == "i32" else np.float32(v))
+                             for k, v in s.args)
+                fn(s.grid, s.block, args, shared_mem=s.shared_bytes)
     return buffers
