@@ -1,8 +1,13 @@
-"""Shared test helpers: skip-or-fail for missing tools.
+"""Shared test helpers: skip-or-fail for missing tools, and the device Triton runs on.
 
 On a reader's machine a test that needs a missing tool (ptxas, nvcc, a Python package) is skipped with
 the reason. CI sets ``FLASHLIB_REQUIRE_ALL=1``: there the same test FAILS, so that nothing is silently
 not tested. Every test that needs a tool goes through :func:`require` (or :func:`require_tool`).
+
+:data:`DEVICE` is where tests put the tensors that reach Triton's kernels (``backend="triton"`` or
+``"auto"``, flashlib.auto, models, torch.compile of flashlib's ops, bench): "cuda" when
+flashlib.triton compiles (a GPU is present), "cpu" when it interprets. The same suite thus runs the
+interpreter on a CPU machine and the compiled kernels on a GPU one (``from conftest import DEVICE``).
 """
 from __future__ import annotations
 
@@ -19,6 +24,9 @@ REQUIRE_ALL = os.environ.get("FLASHLIB_REQUIRE_ALL", "") not in ("", "0")
 # imports triton too; let flashlib choose first in every test process (interpreter when no GPU).
 if importlib.util.find_spec("triton") is not None:
     import flashlib.triton  # noqa: E402,F401
+    DEVICE = "cpu" if flashlib.triton.INTERPRET else "cuda"
+else:
+    DEVICE = "cpu"      # no triton: only the reference backend runs, on CPU tensors
 
 
 def require(available: bool, reason: str) -> None:

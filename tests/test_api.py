@@ -11,17 +11,19 @@ import pytest
 import torch
 
 import flashlib
+from conftest import DEVICE
 from flashlib import api
 from flashlib.testing import assert_close, reference, reference_backward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def make_qkv(B=1, H=4, HKV=2, NQ=13, NK=21, D=24, dtype=torch.float64, seed=0, grad=False):
+def make_qkv(B=1, H=4, HKV=2, NQ=13, NK=21, D=24, dtype=torch.float64, seed=0, grad=False, device="cpu"):
+    """Seeded on the CPU; ``device=DEVICE`` for tensors that reach the Triton kernels."""
     g = torch.Generator().manual_seed(seed)
     out = [torch.randn(B, H, NQ, D, generator=g), torch.randn(B, HKV, NK, D, generator=g),
            torch.randn(B, HKV, NK, D, generator=g)]
-    return [x.to(dtype).requires_grad_(grad) for x in out]
+    return [x.to(device, dtype).requires_grad_(grad) for x in out]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -53,7 +55,7 @@ def test_gradcheck_reference_backend():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_triton_and_reference_agree_and_lse_is_float32(dtype):
-    q, k, v = make_qkv(NQ=19, NK=30, D=40, dtype=dtype, seed=1)
+    q, k, v = make_qkv(NQ=19, NK=30, D=40, dtype=dtype, seed=1, device=DEVICE)
     o_t, l_t = flashlib.attention(q, k, v, causal=True, return_lse=True, backend="triton")
     o_r, l_r = flashlib.attention(q, k, v, causal=True, return_lse=True, backend="reference")
     assert o_t.dtype == o_r.dtype == dtype and l_t.dtype == l_r.dtype == torch.float32
@@ -97,8 +99,8 @@ def test_auto_on_cpu_is_reference():
 
 @pytest.mark.parametrize("num_splits", [None, 1, 4])
 def test_decode_reference_and_triton_agree_on_ragged_cache(num_splits):
-    q, kc, vc = make_qkv(B=3, H=4, HKV=2, NQ=1, NK=60, D=32, dtype=torch.float32, seed=2)
-    lens = torch.tensor([60, 0, 17])
+    q, kc, vc = make_qkv(B=3, H=4, HKV=2, NQ=1, NK=60, D=32, dtype=torch.float32, seed=2, device=DEVICE)
+    lens = torch.tensor([60, 0, 17], device=DEVICE)
     o_r, l_r = flashlib.decode(q, kc, vc, cache_seqlens=lens, num_splits=num_splits, return_lse=True,
                                backend="reference")
     o_t, l_t = flashlib.decode(q, kc, vc, cache_seqlens=lens, num_splits=num_splits, return_lse=True,
@@ -149,8 +151,8 @@ def _bad_attention_cases():
         (dict(scale="0.1"), TypeError, "scale must be a real number"),
         (dict(backend="cudnn"), ValueError, "backend must be one of"),
         (dict(backend=None), TypeError, "backend must be a str"),
-        (dict(q=q.double(), k=k.double(), v=v.double(), backend="triton"), TypeError,
-         "use backend='reference' for float64"),
+        (dict(q=q.double().to(DEVICE), k=k.double().to(DEVICE), v=v.double().to(DEVICE),
+              backend="triton"), TypeError, "use backend='reference' for float64"),
     ]
 
 

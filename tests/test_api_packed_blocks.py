@@ -3,17 +3,23 @@ import pytest
 import torch
 
 import flashlib
+from conftest import DEVICE
 from flashlib.testing import assert_close, reference_gqa
 
 
-def _qkv(b=2, n=37, h=3, d=40, seed=0, dtype=torch.float32):
+def _qkv(b=2, n=37, h=3, d=40, seed=0, dtype=torch.float32, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(b, n, 3, h, d, generator=g, dtype=dtype).requires_grad_()
+    return torch.randn(b, n, 3, h, d, generator=g, dtype=dtype).to(device).requires_grad_()
+
+
+def _device(backend):
+    """Triton's tensors go to DEVICE (compiled on a GPU, interpreted on a CPU); the reference's stay."""
+    return DEVICE if backend == "triton" else "cpu"
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_packed_equals_unpacked_with_gradients(backend):
-    qkv = _qkv()
+    qkv = _qkv(device=_device(backend))
     o = flashlib.attention_qkvpacked(qkv, causal=True, backend=backend)
     assert o.shape == (2, 37, 3, 40)
     do = torch.randn_like(o)
@@ -28,7 +34,7 @@ def test_packed_equals_unpacked_with_gradients(backend):
 @pytest.mark.parametrize("backend,blocks", [("reference", (5, 7)), ("reference", (1, 64)),
                                             ("triton", (16, 32)), ("triton", (32, 16))])
 def test_user_blocks_give_the_same_result(backend, blocks):
-    qkv = _qkv(n=45, seed=1)
+    qkv = _qkv(n=45, seed=1, device=_device(backend))
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     o = flashlib.attention(q, k, v, causal=True, backend=backend, block_q=blocks[0],
                            block_k=blocks[1])
@@ -57,7 +63,7 @@ def test_block_io_counts_follow_the_users_blocks():
     ({"block_q": 32, "backend": "cuda"}, ValueError, "backend='cuda' sizes its tiles"),
 ])
 def test_bad_blocks(kw, exc, msg):
-    q = torch.randn(1, 1, 8, 16)
+    q = torch.randn(1, 1, 8, 16, device=_device(kw.get("backend")))
     with pytest.raises(exc, match=msg):
         flashlib.attention(q, q, q, **kw)
 

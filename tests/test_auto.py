@@ -1,4 +1,8 @@
-"""flashlib.auto: routing SDPA calls to flashlib, falling back for the rest, restoring the original."""
+"""flashlib.auto: routing SDPA calls to flashlib, falling back for the rest, restoring the original.
+
+Tensors live on conftest's DEVICE: on a GPU machine routed calls run the compiled Triton kernels ("auto"
+on CUDA tensors), on a CPU machine the reference backend.
+"""
 import subprocess
 import sys
 
@@ -7,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import flashlib.auto as auto
+from conftest import DEVICE
 
 ORIGINAL = F.scaled_dot_product_attention
 
@@ -20,7 +25,7 @@ def _restore():
 
 def _qkv(b, h, hkv, nq, nk, d, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    mk = lambda *s: torch.randn(*s, generator=g, dtype=dtype).requires_grad_()  # noqa: E731
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=dtype).to(DEVICE).requires_grad_()  # noqa: E731
     return mk(b, h, nq, d), mk(b, hkv, nk, d), mk(b, hkv, nk, d)
 
 
@@ -69,14 +74,14 @@ def test_top_left_differs_from_bottom_right_and_auto_follows_sdpa():
 
 
 @pytest.mark.parametrize("kwargs,shape_q,dtype", [
-    ({"attn_mask": torch.ones(6, 6, dtype=torch.bool)}, (1, 2, 6, 8), torch.float32),
+    ({"attn_mask": torch.ones(6, 6, dtype=torch.bool, device=DEVICE)}, (1, 2, 6, 8), torch.float32),
     ({"dropout_p": 0.5}, (1, 2, 6, 8), torch.float32),
     ({}, (2, 6, 8), torch.float32),                    # 3-D: not routed
     ({}, (1, 2, 6, 8), torch.float64),                 # float64: not routed
 ])
 def test_unsupported_calls_fall_back_to_sdpa(kwargs, shape_q, dtype):
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(*shape_q, generator=g, dtype=dtype)
+    q = torch.randn(*shape_q, generator=g, dtype=dtype).to(DEVICE)
     before = dict(auto.stats)
     torch.manual_seed(0)
     want = ORIGINAL(q, q, q, **kwargs)
@@ -102,7 +107,7 @@ def test_route_reason_explains_the_fall_back():
     assert auto.route_reason(q, k, v) == "head dim > 256"
     q, k, v = _qkv(1, 2, 2, 4, 4, 8)
     assert auto.route_reason(q, k, v) is None
-    assert "attn_mask" in auto.route_reason(q, k, v, attn_mask=torch.ones(4, 4))
+    assert "attn_mask" in auto.route_reason(q, k, v, attn_mask=torch.ones(4, 4, device=DEVICE))
 
 
 def test_import_on_enables_in_one_line():

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from conftest import DEVICE
 from flashlib import bench
 from flashlib.__main__ import COMMANDS, build_parser
 from flashlib.measure import best_time
@@ -33,10 +34,10 @@ def test_naive_and_sdpa_agree_with_bottom_right_causal():
     assert torch.allclose(bench._sdpa(q, k, v, True), ref, atol=1e-5)
 
 
-def test_run_and_plot_plumbing_on_cpu(tmp_path):
-    """The whole pipeline at toy sizes on the CPU (interpreted kernels, wall-clock timer). These
-    numbers are never shown: on a GPU, run() uses triton.testing.do_bench."""
-    res = bench.run((16, 24), batch=1, heads=2, kv_heads=1, head_dim=16, dtype="float32", device="cpu",
+def test_run_and_plot_plumbing(tmp_path):
+    """The whole pipeline at toy sizes on DEVICE (interpreted kernels on a CPU, compiled on a GPU) with a
+    wall-clock timer. These numbers are never shown: by default run() uses triton.testing.do_bench."""
+    res = bench.run((16, 24), batch=1, heads=2, kv_heads=1, head_dim=16, dtype="float32", device=DEVICE,
                     timer=lambda fn: best_time(fn, repeat=1) * 1e3, progress=False)
     assert {r["impl"] for r in res["rows"]} == {"flashlib", "sdpa", "naive"} and len(res["rows"]) == 6
     for r in res["rows"]:

@@ -1,5 +1,9 @@
 """Tests of flashlib/models (gpt.py): the three attention choices agree, GQA, training, flashlib.auto
-routing, the tokenizer and the shipped text, and bad input. Tiny models: the whole file runs in seconds."""
+routing, the tokenizer and the shipped text, and bad input. Tiny models: the whole file runs in seconds.
+
+float32 models live on conftest's DEVICE (a GPU machine runs their flashlib attention in the compiled
+Triton kernels); float64 models stay on the CPU, where the reference backend computes float64.
+"""
 from __future__ import annotations
 
 import copy
@@ -11,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flashlib.auto
+from conftest import DEVICE
 from flashlib.models import (ATTENTION_CHOICES, GPT, CharTokenizer, GPTConfig, causal_attention,
                              generate, get_batch, load_text, texts, train)
 
@@ -20,7 +25,12 @@ def tiny(attention="flashlib", *, n_head=4, n_kv_head=None, n_embd=32, n_layer=2
     torch.manual_seed(seed)
     cfg = GPTConfig(vocab, block, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, n_embd=n_embd,
                     attention=attention)
-    return GPT(cfg).to(dtype)
+    return GPT(cfg).to(device_for(dtype), dtype)
+
+
+def device_for(dtype):
+    """DEVICE for what Triton computes; float64 (no Triton kernel) on the CPU's reference backend."""
+    return "cpu" if dtype == torch.float64 else DEVICE
 
 
 def tokens(B=2, T=13, vocab=11, seed=1):
@@ -30,7 +40,8 @@ def tokens(B=2, T=13, vocab=11, seed=1):
 
 def run(model, idx, targets):
     model.zero_grad(set_to_none=True)
-    logits, loss = model(idx, targets)
+    device = next(model.parameters()).device
+    logits, loss = model(idx.to(device), targets.to(device))
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     return logits.detach(), loss.detach(), grads

@@ -1,7 +1,11 @@
-"""flashlib._ops (torch.library custom ops): a module calling flashlib.attention compiles with no graph break."""
+"""flashlib._ops (torch.library custom ops): a module calling flashlib.attention compiles with no graph break.
+
+On conftest's DEVICE: the op runs the compiled Triton kernels on a GPU machine, the reference on a CPU.
+"""
 import torch
 
 import flashlib
+from conftest import DEVICE
 
 
 class Block(torch.nn.Module):
@@ -16,7 +20,7 @@ class Block(torch.nn.Module):
 
 
 def test_dynamo_explain_finds_no_graph_break():
-    m, x = Block(), torch.randn(2, 7, 16)
+    m, x = Block().to(DEVICE), torch.randn(2, 7, 16, device=DEVICE)
     explain = torch._dynamo.explain(m)(x)
     assert explain.graph_break_count == 0, explain.break_reasons
     assert explain.graph_count == 1
@@ -24,7 +28,7 @@ def test_dynamo_explain_finds_no_graph_break():
 
 def test_compiled_module_matches_eager_forward_and_backward():
     torch._dynamo.reset()
-    m, x = Block(), torch.randn(2, 7, 16, requires_grad=True)
+    m, x = Block().to(DEVICE), torch.randn(2, 7, 16, device=DEVICE, requires_grad=True)
     eager = m(x)
     (g_eager,) = torch.autograd.grad(eager.sum(), x)
     compiled = torch.compile(m, backend="aot_eager", fullgraph=True)(x)
