@@ -7,6 +7,12 @@ One file per kernel, each opening with what changed from the version before it:
 * :mod:`flashlib.triton.decode` — Flash-Decoding (split-KV partial attention, then an LSE combine);
 * :mod:`flashlib.triton.configs` — block sizes per architecture, pruned by its shared-memory limit.
 
+Grids. Every kernel launches a one-dimensional grid (:func:`flat_grid`): CUDA allows 2^31 - 1
+programs on axis 0 but only 65,535 on axes 1 and 2, so a (blocks, batch·heads) grid failed at
+B·H > 65,535 (B = 1024, H = 128: "invalid argument"). A kernel decodes its block and its batch·head
+from ``tl.program_id(0)``; the blocks of one head are consecutive programs, so they run side by side
+and share that head's K/V in L2.
+
 Interpreter or compiler. Triton fixes its mode when ``triton`` is first imported (see the project's
 FACTS): with ``TRITON_INTERPRET=1`` every kernel runs on CPU tensors in Triton's NumPy interpreter,
 without it every kernel is compiled for the GPU. Importing this package on a machine with no CUDA
@@ -19,10 +25,11 @@ Explained in: notebooks/07_triton.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 
-__all__ = ["INTERPRET", "interpreting", "check_tensors", "triton", "tl"]
+__all__ = ["INTERPRET", "interpreting", "check_tensors", "flat_grid", "MAX_GRID", "triton", "tl"]
 
 
 def _cuda_available() -> bool:
@@ -70,3 +77,22 @@ def check_tensors(*tensors) -> None:
             "could set TRITON_INTERPRET=1), so its kernels need CUDA tensors; got "
             f"{sorted(devices)}. Use CUDA tensors, use backend='reference', or start a new process with "
             "TRITON_INTERPRET=1 set (or import flashlib.triton before triton) to interpret on the CPU.")
+
+
+# CUDA's grid limits (programs per axis): 2^31 - 1 on x, 65,535 on y and z.
+MAX_GRID = (2**31 - 1, 65535, 65535)
+
+
+def flat_grid(*counts: int) -> tuple[int]:
+    """The one-axis grid of ``prod(counts)`` programs that every flashlib kernel launches.
+
+    ``counts`` from the slowest-varying to the fastest (e.g. ``B·H``, query blocks per head): the
+    kernel decodes them back from ``tl.program_id(0)`` in the same order. Raises ValueError beyond
+    CUDA's 2^31 - 1 programs (about 10^11 query rows at 64 rows per program: memory runs out first).
+    Explained in: notebooks/07_triton.
+    """
+    n = math.prod(counts)
+    if n > MAX_GRID[0]:
+        raise ValueError(f"{n} programs ({' x '.join(map(str, counts))}) exceed CUDA's grid limit of "
+                         f"{MAX_GRID[0]} on axis 0")
+    return (n,)

@@ -1,26 +1,30 @@
 # decode.py — Flash-Decoding in Triton, version 3 of the Triton kernels.
 # Changed from the forward (fa2_fwd.py): for decoding, Nq is tiny and the forward's grid
-#   (query blocks x batch·heads) leaves most SMs idle. Here the grid adds a split axis: program
-#   (s, b·hk, r) attends the query rows r to the s-th contiguous chunk of sequence b's *valid* cache
+#   (query blocks x batch·heads) leaves most SMs idle. Here the grid adds a split: program
+#   (b·hk, r, s) attends the query rows r to the s-th contiguous chunk of sequence b's *valid* cache
 #   (cache_seqlens[b] keys, ragged across the batch) and writes a normalized partial output O_s and
 #   its log-sum-exp LSE_s; a second kernel merges the splits by LSE (the online-softmax merge).
+#   Both grids are flat (flashlib.triton.flat_grid): the split kernel decodes (b·hk, r, s) from
+#   tl.program_id(0), s fastest, so the programs of one kv head are neighbours; the combine kernel
+#   has one program per query row. Neither is bound by CUDA's 65,535 on a second grid axis.
 #   GQA: the query rows of a program are all (query head of the group, query position) pairs that read
 #   kv head hk, stacked — each K/V tile is loaded once for the whole group, and never copied.
 #   Every query sees every valid key (decoding appends the new tokens to the cache first); a sequence
 #   with cache_seqlens[b] = 0 sees nothing: o = 0, lse = -inf, like a fully masked row.
 # Idea: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding); the ladder is flashlib.decoding.
-# Limits: head dim <= 256; fp16, bf16, fp32; bf16 needs sm_80+; not differentiable (inference).
+# Limits: head dim <= 256; fp16, bf16, fp32; bf16 needs sm_80+; not differentiable (inference). Any
+#   B·H; 32-bit offsets: each tensor, and the partials (num_splits·B·H·Nq·BLOCK_D), < 2^31 elements.
 # Run: flashlib.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="triton").
 """Flash-Decoding split-KV and combine kernels and their launcher.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
 import torch
 
-from . import INTERPRET, triton, tl
+from . import INTERPRET, flat_grid, triton, tl
 from .configs import Config, launch
 from .fa2_fwd import LOG2E
 
-__all__ = ["decode"]
+__all__ = ["decode", "grid_split", "grid_combine", "split_block_m"]
 
 
 @triton.jit
@@ -30,10 +34,12 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
                   qk_scale, B, H, HKV, GROUP, NQ, D,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    split = tl.program_id(0)                           # kernel 1: one program per split ...
-    pid_bhk = tl.program_id(1)                         # ... batch b and kv head hk ...
-    pid_r = tl.program_id(2)                           # ... and block of stacked query rows
-    n_splits = tl.num_programs(0)
+    n_r = tl.cdiv(GROUP * NQ, BLOCK_M)                 # blocks of stacked query rows per kv head
+    n_splits = tl.num_programs(0) // (B * HKV * n_r)   # the flat grid is B·HKV x n_r x n_splits
+    pid = tl.program_id(0)
+    split = pid % n_splits                             # kernel 1: one program per split ...
+    pid_r = (pid // n_splits) % n_r                    # ... block of stacked query rows ...
+    pid_bhk = pid // (n_splits * n_r)                  # ... batch b and kv head hk
     b = pid_bhk // HKV
     hk = pid_bhk % HKV
     offs_r = pid_r * BLOCK_M + tl.arange(0, BLOCK_M)   # stacked rows r = g * NQ + iq
@@ -86,7 +92,7 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
 @triton.jit
 def _combine_kernel(OP, LP, O, LSE, n_rows, H, NQ, N_SPLITS, stride_ob, stride_oh, stride_on, D,
                     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    row = tl.program_id(0)                             # kernel 2: one program per query row
+    row = tl.program_id(0)                             # kernel 2: one program per query row (flat)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = offs_s < N_SPLITS
@@ -108,6 +114,27 @@ def _combine_kernel(OP, LP, O, LSE, n_rows, H, NQ, N_SPLITS, stride_ob, stride_o
     tl.store(LSE + row, lse)
 
 
+def split_block_m(cfg_block_m: int, group: int, NQ: int) -> int:
+    """Stacked query rows per split-kernel program: the config's block_m is a cap, 16 the floor.
+
+    Explained in: notebooks/07_triton."""
+    return max(16, min(cfg_block_m, triton.next_power_of_2(group * NQ)))
+
+
+def grid_split(B: int, HKV: int, group: int, NQ: int, block_m: int, num_splits: int) -> tuple[int]:
+    """The split kernel's grid: one program per (batch·kv head, row block, split), flat, split fastest.
+
+    Explained in: notebooks/07_triton."""
+    return flat_grid(B * HKV, triton.cdiv(group * NQ, block_m), num_splits)
+
+
+def grid_combine(B: int, H: int, NQ: int) -> tuple[int]:
+    """The combine kernel's grid: one program per query row of (B, H, Nq).
+
+    Explained in: notebooks/07_triton."""
+    return flat_grid(B * H * NQ)
+
+
 def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
            config: Config | None = None):
     """Launch split-KV then combine: ``(o, lse)`` for ``q (B, H, Nq, d)``, caches ``(B, Hkv, Nmax, d)``.
@@ -124,8 +151,8 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
     lse_part = torch.empty((num_splits, n_rows), device=q.device, dtype=torch.float32)
 
     def run(cfg):
-        block_m = max(16, min(cfg.block_m, triton.next_power_of_2(group * NQ)))   # cfg.block_m: a cap
-        _split_kernel[(num_splits, B * HKV, triton.cdiv(group * NQ, block_m))](
+        block_m = split_block_m(cfg.block_m, group, NQ)
+        _split_kernel[grid_split(B, HKV, group, NQ, block_m, num_splits)](
             q, k_cache, v_cache, cache_seqlens, o_part, lse_part,
             q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -137,7 +164,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
     launch("decode", q.device, block_d, q.element_size(), run, config)
     o = torch.empty_like(q)
     lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
-    _combine_kernel[(n_rows,)](
+    _combine_kernel[grid_combine(B, H, NQ)](
         o_part, lse_part, o, lse, n_rows, H, NQ, num_splits, o.stride(0), o.stride(1), o.stride(2), D,
         BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d)
     return o, lse

@@ -11,27 +11,34 @@
 #   backward deterministic: every output element is written by exactly one program, no atomics.
 #   Causal: query blocks that cannot see a key block are skipped, only the diagonal blocks are masked;
 #   rows that see no key (lse = -inf) get P = 0, so their gradients are 0, not NaN.
+#   Every grid is flat, as the forward's (flashlib.triton.flat_grid): program p is block
+#   p % n_blocks of (batch, head) — of (batch, kv head) for dK/dV — p // n_blocks.
 # Idea: Dao 2023 (FlashAttention-2), Algorithm 2; the dK/dV + dQ split as in Triton's fused-attention
 #   tutorial and flash-attn's deterministic mode (our own code; plain pointers, no block pointers).
-# Limits: as the forward (head dim <= 256, fp16/bf16/fp32, bf16 needs sm_80+).
+# Limits: as the forward (head dim <= 256, fp16/bf16/fp32, bf16 needs sm_80+, any B·H, each tensor
+#   < 2^31 elements).
 # Run: flashlib.attention(q, k, v, backend="triton").backward(do); interpreted on a CPU.
 """FlashAttention-2 backward kernels and their launcher.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
 import torch
 
-from . import INTERPRET, triton, tl
+from . import INTERPRET, flat_grid, triton, tl
 from .configs import Config, launch
 from .fa2_fwd import LOG2E
+from .fa2_fwd import grid as fwd_grid
 
-__all__ = ["backward"]
+__all__ = ["backward", "grid_preprocess", "grid_dkdv", "grid_dq", "PREPROCESS_BLOCK_M"]
+
+PREPROCESS_BLOCK_M = 64     # query rows per program of the D preprocess (an elementwise reduction)
 
 
 @triton.jit
 def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
                     H, NQ, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    n_m = tl.cdiv(NQ, BLOCK_M)                         # flat grid: query block, then batch·head
+    pid_m = tl.program_id(0) % n_m
+    pid_bh = tl.program_id(0) // n_m
     b = pid_bh // H
     h = pid_bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -52,8 +59,9 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
               qk_scale, scale, H, HKV, GROUP, NQ, NK, D,
               CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    pid_n = tl.program_id(0)                           # line 5: this program owns key block j ...
-    pid_bhk = tl.program_id(1)                         # ... of batch b, kv head hk
+    n_n = tl.cdiv(NK, BLOCK_N)                         # key blocks per kv head (flat grid: axis 0)
+    pid_n = tl.program_id(0) % n_n                     # line 5: this program owns key block j ...
+    pid_bhk = tl.program_id(0) // n_n                  # ... of batch b, kv head hk
     b = pid_bhk // HKV
     hk = pid_bhk % HKV
     start_n = pid_n * BLOCK_N
@@ -126,8 +134,9 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             qk_scale, scale, H, GROUP, NQ, NK, D,
             CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)                           # this program owns dQ_i of query block i ...
-    pid_bh = tl.program_id(1)                          # ... of batch b, head h
+    n_m = tl.cdiv(NQ, BLOCK_M)                         # query blocks per head (flat grid: axis 0)
+    pid_m = tl.program_id(0) % n_m                     # this program owns dQ_i of query block i ...
+    pid_bh = tl.program_id(0) // n_m                   # ... of batch b, head h
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
@@ -182,6 +191,23 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok)
 
 
+def grid_preprocess(B: int, H: int, NQ: int) -> tuple[int]:
+    """The D preprocess's grid: one program per (batch·head, block of 64 query rows), flat.
+
+    Explained in: notebooks/07_triton."""
+    return flat_grid(B * H, triton.cdiv(NQ, PREPROCESS_BLOCK_M))
+
+
+def grid_dkdv(B: int, HKV: int, NK: int, block_n: int) -> tuple[int]:
+    """The dK/dV kernel's grid: one program per (batch·kv head, key block), flat.
+
+    Explained in: notebooks/07_triton."""
+    return flat_grid(B * HKV, triton.cdiv(NK, block_n))
+
+
+grid_dq = fwd_grid       # the dQ kernel's grid is the forward's: one program per (batch·head, query block)
+
+
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: bool = False,
              config_dkdv: Config | None = None, config_dq: Config | None = None):
     """Launch the three backward kernels: ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``.
@@ -198,15 +224,15 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
     if do.stride(-1) != 1:
         do = do.contiguous()
     delta = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
-    _bwd_preprocess[(triton.cdiv(NQ, 64), B * H)](
+    _bwd_preprocess[grid_preprocess(B, H, NQ)](
         o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        H, NQ, D, BLOCK_M=64, BLOCK_D=block_d)
+        H, NQ, D, BLOCK_M=PREPROCESS_BLOCK_M, BLOCK_D=block_d)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
 
     def run_dkdv(cfg):
-        _bwd_dkdv[(triton.cdiv(NK, cfg.block_n), B * HKV)](
+        _bwd_dkdv[grid_dkdv(B, HKV, NK, cfg.block_n)](
             q, k, v, do, lse, delta, dk, dv, *strides,
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             scale * LOG2E, scale, H, HKV, H // HKV, NQ, NK, D,
@@ -214,7 +240,7 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     def run_dq(cfg):
-        _bwd_dq[(triton.cdiv(NQ, cfg.block_m), B * H)](
+        _bwd_dq[grid_dq(B, H, NQ, cfg.block_m)](
             q, k, v, do, lse, delta, dq, *strides, dq.stride(0), dq.stride(1), dq.stride(2),
             scale * LOG2E, scale, H, H // HKV, NQ, NK, D,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,

@@ -5,11 +5,15 @@
 #   the key loop is split in two — blocks every row of the query block sees (no mask at all), then the
 #   diagonal / ragged-end blocks (causal and bounds masks) — and blocks the causal mask hides entirely
 #   are never visited. GQA reads kv head h // (H // Hkv) through its stride: no copy of K/V.
+#   The grid is flat (flashlib.triton.flat_grid): program p is query block p % n_blocks of batch·head
+#   p // n_blocks, so the query blocks of one head are neighbours (its K/V stay in L2) and B·H may
+#   exceed the 65,535 programs CUDA allows on a second grid axis.
 # Idea: Dao 2023 (FlashAttention-2), Algorithm 1; exp2 trick and loop split as in Triton's
 #   fused-attention tutorial (our own code, plain pointer arithmetic: no block pointers, which
 #   triton 3.9 removed).
 # Limits: head dim <= 256 (the tile is padded to the next power of two >= 16, loads are masked);
-#   fp16, bf16, fp32 (fp32 in true fp32 unless allow_tf32); bf16 needs sm_80+.
+#   fp16, bf16, fp32 (fp32 in true fp32 unless allow_tf32); bf16 needs sm_80+. Any B·H (flat grid, up
+#   to 2^31 - 1 programs); offsets are 32-bit integers, so each tensor must hold < 2^31 elements.
 # Run: flashlib.attention(q, k, v, backend="triton"); on a CPU it runs in Triton's interpreter.
 """FlashAttention-2 forward kernel and its launcher.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
@@ -18,10 +22,10 @@ import math
 
 import torch
 
-from . import INTERPRET, triton, tl
+from . import INTERPRET, flat_grid, triton, tl
 from .configs import Config, launch
 
-__all__ = ["forward"]
+__all__ = ["forward", "grid"]
 
 LOG2E = math.log2(math.e)   # exp(x) = exp2(x * log2 e)
 
@@ -33,8 +37,9 @@ def _fwd_kernel(Q, K, V, O, LSE,
                 qk_scale, H, GROUP, NQ, NK, D,
                 CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)                          # line 3: this program is query block i ...
-    pid_bh = tl.program_id(1)                         # ... of batch b, head h
+    n_m = tl.cdiv(NQ, BLOCK_M)                        # query blocks per head (flat grid: axis 0)
+    pid_m = tl.program_id(0) % n_m                    # line 3: this program is query block i ...
+    pid_bh = tl.program_id(0) // n_m                  # ... of batch b, head h
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP                                   # GQA: the kv head this query head reads
@@ -110,6 +115,13 @@ def _fwd_kernel(Q, K, V, O, LSE,
     tl.store(LSE + pid_bh * NQ + offs_m, lse, mask=offs_m < NQ)                       # line 15
 
 
+def grid(B: int, H: int, NQ: int, block_m: int) -> tuple[int]:
+    """The forward's grid: one program per (batch·head, query block), flattened on axis 0.
+
+    Explained in: notebooks/07_triton."""
+    return flat_grid(B * H, triton.cdiv(NQ, block_m))
+
+
 def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, config: Config | None = None):
     """Launch the forward kernel: ``(o, lse)`` for ``q (B, H, Nq, d)``, ``k, v (B, Hkv, Nk, d)``.
 
@@ -125,7 +137,7 @@ def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, co
     lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
 
     def run(cfg):
-        _fwd_kernel[(triton.cdiv(NQ, cfg.block_m), B * H)](
+        _fwd_kernel[grid(B, H, NQ, cfg.block_m)](
             q, k, v, o, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
