@@ -59,9 +59,10 @@ def _add_check_arguments(parser) -> None:
 
 
 def _run_check(args) -> int:
-    from .selfcheck import check, exit_code, format_check
-    rows = check(args.backend)
-    print(format_check(rows))
+    from .selfcheck import CHECK_HEAD, check, exit_code, format_check, format_row
+    print(CHECK_HEAD, "-" * len(CHECK_HEAD), sep="\n", flush=True)
+    rows = check(args.backend, on_row=lambda r: print(format_row(r), flush=True))   # each row when done
+    print(format_check(rows, head=False))
     return exit_code(rows)
 
 

@@ -20,7 +20,7 @@ import platform
 import shutil
 import time
 
-__all__ = ["info", "check", "exit_code", "format_info", "format_check", "CHECK_CASES", "DETERMINISM_CASE"]
+__all__ = ["info", "check", "exit_code", "format_info", "format_check", "format_row", "CHECK_CASES", "DETERMINISM_CASE"]
 
 # (B, H, Hkv, Nq, Nk, d, causal): odd lengths, Nq != Nk both ways, fully-masked rows, GQA, MQA
 CHECK_CASES = [
@@ -188,10 +188,12 @@ def _determinism_one(backend, dtype, dev, case=DETERMINISM_CASE) -> tuple[bool, 
     return True, 0.0, "two backward calls bit-for-bit equal, and right (oracle)"
 
 
-def _cases(dev):
+def _cases(dev, backend: str = "triton"):
     """The check's cases on ``dev``: the awkward shapes, the ragged decode, and on a GPU the realistic
-    backward twice (on a CPU the interpreter runs one program at a time: nothing to race)."""
-    return [*CHECK_CASES, "decode", *(["determinism"] if dev.type == "cuda" else [])]
+    backward twice for the backends whose backward runs GPU kernels (on a CPU the interpreter runs one
+    program at a time, and "reference" is NumPy on the CPU wherever its tensors live: nothing races)."""
+    races = dev.type == "cuda" and backend != "reference"
+    return [*CHECK_CASES, "decode", *(["determinism"] if races else [])]
 
 
 def _run_case(name, case, dtype, dev) -> tuple[str, str]:
@@ -211,11 +213,12 @@ def _run_case(name, case, dtype, dev) -> tuple[str, str]:
         return "error", f"{type(e).__name__}: {e}"
 
 
-def check(backends=None) -> list[dict]:
+def check(backends=None, on_row=None) -> list[dict]:
     """Run each backend that can run here against the oracle; one row per (backend, dtype, case).
 
     Each row's status is pass, FAIL, error (with the exception) or skipped (the backend cannot run on
-    this device, with why). :func:`exit_code` turns the rows into the command's exit status."""
+    this device, with why). :func:`exit_code` turns the rows into the command's exit status.
+    ``on_row(row)``, if given, sees each row as soon as it is done (the command line prints it)."""
     import torch
 
     from .api import BACKENDS
@@ -233,13 +236,17 @@ def check(backends=None) -> list[dict]:
             except Exception as e:                 # noqa: BLE001 - reported as "skipped: why"
                 rows.append({"backend": name, "dtype": str(dtype)[6:], "case": "-", "status": "skipped",
                              "note": f"{type(e).__name__}: {e}", "seconds": 0.0})
+                if on_row:
+                    on_row(rows[-1])
                 continue
-            for case in _cases(dev):
+            for case in _cases(dev, name):
                 t0 = time.perf_counter()
                 status, note = _run_case(name, case, dtype, dev)
                 rows.append({"backend": name, "dtype": str(dtype)[6:], "case": _case_name(case),
                              "status": status, "note": note,
                              "seconds": round(time.perf_counter() - t0, 2)})
+                if on_row:
+                    on_row(rows[-1])
     return rows
 
 
@@ -257,12 +264,18 @@ def _case_name(case) -> str:
     return f"B{b} H{h}/{hkv} Nq{nq} Nk{nk} d{d}{' causal' if causal else ''}"
 
 
-def format_check(rows) -> str:
-    head = f"{'backend':<10} {'dtype':<9} {'case':<37} {'status':<7} {'s':>6}  note"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['backend']:<10} {r['dtype']:<9} {r['case']:<37} {r['status']:<7} "
-                     f"{r['seconds']:>6.2f}  {r['note'][:90]}")
+CHECK_HEAD = f"{'backend':<10} {'dtype':<9} {'case':<52} {'status':<7} {'s':>6}  note"
+
+
+def format_row(r) -> str:
+    """One row of the check's table."""
+    return (f"{r['backend']:<10} {r['dtype']:<9} {r['case']:<52} {r['status']:<7} {r['seconds']:>6.2f}  "
+            f"{r['note'][:120]}")
+
+
+def format_check(rows, *, head: bool = True) -> str:
+    """The table (``head=False``: only the totals line, for rows already printed one by one)."""
+    lines = [CHECK_HEAD, "-" * len(CHECK_HEAD), *map(format_row, rows)] if head else []
     counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "FAIL", "error", "skipped")}
     lines.append(f"{counts['pass']} passed, {counts['FAIL']} failed, {counts['error']} errors, "
                  f"{counts['skipped']} skipped (cannot run on this device)")

@@ -27,7 +27,7 @@ def test_check_passes_for_the_reference_backend():
     rows = selfcheck.check(["reference"])
     assert {r["status"] for r in rows} == {"pass"}
     assert len(rows) == len(selfcheck._dtypes(selfcheck._device())) * len(
-        selfcheck._cases(selfcheck._device()))
+        selfcheck._cases(selfcheck._device(), "reference"))
     assert selfcheck.format_check(rows).splitlines()[-1].startswith(f"{len(rows)} passed, 0 failed, 0 errors")
     assert selfcheck.exit_code(rows) == 0
 

@@ -20,6 +20,9 @@ from flashlib.triton.configs import Config
 DEVICE = torch.device("cuda")
 BF16_OK = torch.cuda.get_device_capability(0) >= (8, 0)
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if BF16_OK else [])
+# Where the plain same-dtype baseline is exact (Nq = Nk = 1: dQ is exactly 0), 2x or 3x its error is 0
+# and one rounding in the kernel would fail the rule: allow 1e-5, far under a 16-bit error (~1e-3).
+FLOOR = 1e-5
 
 
 def make(B, H, HKV, NQ, NK, D, dtype, seed=0):
@@ -48,10 +51,10 @@ def check_against_oracle(q, k, v, do, causal, got):
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     base = plain_torch_attention(*leaves, causal=causal)
     base_grads = torch.autograd.grad(base, leaves, do)
-    assert_fa_rule(o, base, o_ref, factor=2.0, name="o")
+    assert_fa_rule(o, base, o_ref, factor=2.0, floor=FLOOR, name="o")
     assert_close(lse.cpu().double(), lse_ref, atol=2e-2, rtol=2e-2, name="lse")  # fp32 sums of 16-bit dots
     for name, a, b, r in zip(("dq", "dk", "dv"), grads, base_grads, g_ref):
-        assert_fa_rule(a, b, r, factor=3.0, name=name)
+        assert_fa_rule(a, b, r, factor=3.0, floor=FLOOR, name=name)
 
 
 # (B, H, Hkv, Nq, Nk, d, causal): lengths no block divides, Nq != Nk both ways, N = 1, d from 40 to
@@ -175,7 +178,7 @@ def test_torch_compile_sees_one_op_and_matches_eager():
     q, k, v, do = make(2, 8, 2, 300, 517, 64, torch.float16, seed=8)
 
     def f(q, k, v):
-        return flashlib.attention(q, k, v, causal=True)
+        return flashlib.attention(q, k, v, causal=True, backend="triton")
 
     torch._dynamo.reset()
     explained = torch._dynamo.explain(f)(q, k, v)
