@@ -14,7 +14,8 @@ import torch
 
 import flashlib.triton  # noqa: E402,F401  (compile mode when a GPU is present)
 
-DEVICE = torch.device("cuda")
+# No helpers live here: a session that collects tests/ and tests/gpu together imports both files as
+# `conftest`, and `from conftest import ...` must keep finding tests/conftest.py's.
 
 
 def pytest_configure(config):
