@@ -40,10 +40,13 @@ test: test-lib test-notebooks book
 # The GPU tier. tests/gpu exits non-zero on a machine without a CUDA GPU (it never passes having run
 # nothing); then the whole library suite runs again, on the GPU this time; then the reader's first
 # command. With PY given (make test-gpu PY=python3) no venv is created or needed.
+# Runs the tests in parallel where pytest-xdist is installed (compiling kernels is most of the time);
+# -rfEs names every failure, error and skip at the end, --durations the slowest tests.
+GPU_PYTEST = $(PY) -m pytest -rfEs --durations=10 $(shell $(PY) -c "import xdist" 2>/dev/null && echo "-n 4")
 test-gpu:
 	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then $(MAKE) $(STAMP); fi
-	$(PY) -m pytest tests/gpu
-	$(PY) -m pytest -m "not book" tests
+	$(GPU_PYTEST) tests/gpu
+	$(GPU_PYTEST) -m "not book" tests
 	$(PY) -m flashlib check
 
 clean:

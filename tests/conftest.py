@@ -57,6 +57,18 @@ def require_tool(name: str) -> str:
     return path
 
 
+def need_module(name: str) -> None:
+    """Call at the top of a test module that imports ``name`` (e.g. hypothesis) before importing it: the
+    module is skipped, with the reason, where ``name`` is missing (a GPU machine may have only torch,
+    triton and pytest: ``make test-gpu PY=python3``); under FLASHLIB_REQUIRE_ALL it fails to collect."""
+    if importlib.util.find_spec(name) is not None:
+        return
+    reason = f"Python module {name!r} is not installed, and this test module needs it"
+    if REQUIRE_ALL:
+        raise ImportError(f"{reason} (FLASHLIB_REQUIRE_ALL is set: a missing tool fails)")
+    pytest.skip(reason, allow_module_level=True)
+
+
 def require_module(name: str) -> None:
     """Skip/fail via :func:`require` unless Python module ``name`` is installed. It is found, not
     imported: importing triton here would fix its interpreter/compiler mode for the whole worker."""

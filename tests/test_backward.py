@@ -2,6 +2,9 @@
 import numpy as np
 import pytest
 import torch
+from conftest import need_module  # noqa: E402
+
+need_module("hypothesis")  # skip the module, saying why, where hypothesis is missing
 from hypothesis import given, settings, strategies as st
 
 from flashlib import fa2, naive

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import need_module  # noqa: E402
+
+need_module("hypothesis")  # skip the module, saying why, where hypothesis is missing
 from hypothesis import given, settings, strategies as st
 
 from conftest import require

@@ -1,6 +1,9 @@
 """Flash-Decoding: combine is exact, any split count works, the heuristic behaves."""
 import numpy as np
 import pytest
+from conftest import need_module  # noqa: E402
+
+need_module("hypothesis")  # skip the module, saying why, where hypothesis is missing
 from hypothesis import given, settings, strategies as st
 
 from flashlib import decoding

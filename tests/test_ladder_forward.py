@@ -1,6 +1,9 @@
 """Every forward algorithm of the ladder against the float64 oracle, on adversarial shapes."""
 import numpy as np
 import pytest
+from conftest import need_module  # noqa: E402
+
+need_module("hypothesis")  # skip the module, saying why, where hypothesis is missing
 from hypothesis import given, settings, strategies as st
 
 from flashlib.testing import ADVERSARIAL_SHAPES, assert_close, random_qkv, reference

@@ -11,6 +11,9 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import need_module  # noqa: E402
+
+need_module("hypothesis")  # skip the module, saying why, where hypothesis is missing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

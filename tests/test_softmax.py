@@ -1,6 +1,9 @@
 """Softmax three ways, the merge operator's algebra, and the log-sum-exp helpers."""
 import numpy as np
 import pytest
+from conftest import need_module  # noqa: E402
+
+need_module("hypothesis")  # skip the module, saying why, where hypothesis is missing
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import need_module  # noqa: E402
+
+need_module("hypothesis")  # skip the module, saying why, where hypothesis is missing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
