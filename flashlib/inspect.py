@@ -331,7 +331,9 @@ def _nvcc_label() -> str:
 
 
 def compilers(rows) -> str:
-    """One line naming the compilers behind ``rows``: the report holds for these versions only."""
+    """One line naming the compilers behind ``rows``: the report holds for these versions only.
+
+    Explained in: notebooks/07_triton."""
     names = sorted({r.get("compiler", "?") for r in rows})
     return ("compiled by " + ", ".join(names) + " (a report is true for its compiler versions only: "
             "another Triton can allocate up to 2x the shared memory or registers)")

@@ -100,7 +100,9 @@ INTERPRETER: dict[str, Config] = {
 
 def hazard(kernel: str, cfg: Config) -> str | None:
     """Why ``cfg`` must not run ``kernel`` on a GPU, or None. The one class shown wrong on a real GPU:
-    the dK/dV kernel pipelined (num_stages >= 2) with block_m < 64 <= block_n (see above)."""
+    the dK/dV kernel pipelined (num_stages >= 2) with block_m < 64 <= block_n (see above).
+
+    Explained in: notebooks/07_triton."""
     if kernel == "bwd_dkdv" and cfg.num_stages >= 2 and cfg.block_m < 64 <= cfg.block_n:
         return (f"bwd_dkdv {cfg}: pipelined with a query step < 64 beside a key block >= 64 gave a wrong, "
                 "non-deterministic dK on an H100")
@@ -108,7 +110,9 @@ def hazard(kernel: str, cfg: Config) -> str | None:
 
 
 def safe(kernel: str, cfg: Config) -> Config:
-    """``cfg``, or its un-pipelined twin (num_stages = 1) if :func:`hazard` refuses it."""
+    """``cfg``, or its un-pipelined twin (num_stages = 1) if :func:`hazard` refuses it.
+
+    Explained in: notebooks/07_triton."""
     return cfg if hazard(kernel, cfg) is None else Config(cfg.block_m, cfg.block_n, cfg.num_warps, 1)
 
 
