@@ -8,9 +8,11 @@ Explained in: book/gpu_memory and notebooks/01_naive_attention (roofline).
 """
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
 
-__all__ = ["GPU", "GPUS", "ARCH_SMEM_LIMIT", "get", "ridge_point"]
+__all__ = ["GPU", "GPUS", "ARCH_SMEM_LIMIT", "CUDA_GRID_MAX", "flat_programs", "get", "ridge_point"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,27 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
 
 # Shared memory one block may use, per architecture (KB), after opting in; 48 KB without opt-in.
 ARCH_SMEM_LIMIT = {"sm_75": 64, "sm_80": 163, "sm_86": 99, "sm_89": 99, "sm_90": 227}
+
+# CUDA's grid limits, blocks (programs) per axis x, y, z, on every architecture here. With batch·heads on
+# y, B = 1024 and H = 128 failed to launch ("invalid argument"); every flashlib kernel, Triton and CUDA
+# C++, therefore flattens its grid onto x and decodes its indices inside the kernel.
+CUDA_GRID_MAX = (2**31 - 1, 65535, 65535)
+
+
+def flat_programs(*counts: int) -> int:
+    """``prod(counts)``: the blocks of a one-axis grid, checked against CUDA's x limit (ValueError
+    outside ``1 .. 2^31 - 1``; a tensor needing more would not fit in any GPU's memory).
+
+    Explained in: notebooks/07_triton and notebooks/08_cuda.
+    """
+    try:
+        n = math.prod(operator.index(c) for c in counts)      # Python or NumPy integers
+    except TypeError:
+        raise TypeError(f"counts must be integers, got {counts!r}") from None
+    if not 1 <= n <= CUDA_GRID_MAX[0]:
+        raise ValueError(f"a launch of {' x '.join(map(str, counts))} = {n} programs is outside CUDA's "
+                         f"grid limit of 1..{CUDA_GRID_MAX[0]} on axis x")
+    return n
 
 
 def get(name: str) -> GPU:

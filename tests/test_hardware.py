@@ -12,3 +12,16 @@ def test_hardware_table_and_ridge_points():
     assert set(hardware.ARCH_SMEM_LIMIT) == {"sm_75", "sm_80", "sm_86", "sm_89", "sm_90"}
     with pytest.raises(ValueError, match="name must be one of"):
         hardware.get("V100")
+
+
+def test_flat_programs_checks_cudas_grid_limit_and_its_arguments():
+    import numpy as np
+
+    from flashlib.hardware import CUDA_GRID_MAX, flat_programs
+    assert flat_programs(3, np.int64(5), 7) == 105
+    assert flat_programs(CUDA_GRID_MAX[0]) == CUDA_GRID_MAX[0]
+    for counts in ((2**16, 2**15), (0, 4)):
+        with pytest.raises(ValueError, match="outside CUDA's grid limit"):
+            flat_programs(*counts)
+    with pytest.raises(TypeError, match="counts must be integers"):
+        flat_programs(3, 2.5)

@@ -24,6 +24,7 @@ import flashlib
 from flashlib.testing import assert_close, max_error, plain_torch_attention, reference, reference_gqa
 
 import flashlib.triton as ft  # noqa: E402  (sets TRITON_INTERPRET=1 here when there is no GPU)
+from flashlib.hardware import CUDA_GRID_MAX  # noqa: E402
 from conftest import DEVICE  # noqa: E402
 from flashlib.triton import decode as tdecode  # noqa: E402
 from flashlib.triton import configs, fa2_bwd, fa2_fwd  # noqa: E402
@@ -191,7 +192,7 @@ def test_decode_half_precision_rule(dtype):
 
 def within_cuda_limits(grid) -> bool:
     """CUDA allows 2^31 - 1 programs on grid axis 0 and 65,535 on axes 1 and 2."""
-    return 1 <= len(grid) <= 3 and all(1 <= n <= limit for n, limit in zip(grid, ft.MAX_GRID))
+    return 1 <= len(grid) <= 3 and all(1 <= n <= limit for n, limit in zip(grid, CUDA_GRID_MAX))
 
 
 def cdiv(a, b):
@@ -230,7 +231,7 @@ def test_every_grid_helper_stays_within_cuda_limits(B, H, HKV, N):
 
 def test_flat_grid_refuses_more_programs_than_cuda_allows():
     assert ft.flat_grid(65_536, 32_767) == (65_536 * 32_767,)
-    with pytest.raises(ValueError, match="exceed CUDA's grid limit"):
+    with pytest.raises(ValueError, match="outside CUDA's grid limit"):
         ft.flat_grid(65_536, 32_768)
 
 

@@ -24,9 +24,10 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from ..hardware import flat_programs
 from . import build, toolkit
 
-__all__ = ["LaunchSpec", "SMEM_BUDGET", "GRID_X_MAX", "GRID_YZ_MAX", "flat_grid", "v1_launch", "v2_launch",
+__all__ = ["LaunchSpec", "SMEM_BUDGET", "flat_grid", "v1_launch", "v2_launch",
            "decode_launch", "run_emulated", "to_cupy", "run_gpu", "EmulatorError"]
 
 # Shared memory per block we allow ourselves: the 48 KB every GPU grants without an opt-in
@@ -36,11 +37,9 @@ SMEM_BUDGET = 48 * 1024
 V1_BC = 16          # must match fa2_fwd_v1_scalar.cu
 V2_BC = 32          # must match fa2_fwd_v2_wmma.cu
 DECODE_THREADS = 128  # must match decode_splitkv.cu (4 warps)
-# CUDA's grid limits: gridDim.x up to 2^31 - 1, gridDim.y and gridDim.z up to 65,535. Every kernel here
-# flattens its (block, head, batch) index into blockIdx.x and decodes it in the kernel, so that any
-# B x H that fits in memory launches (with H in y and B in z, B = 100,000 sequences could not).
-GRID_X_MAX = 2 ** 31 - 1
-GRID_YZ_MAX = 65535
+# Every kernel here flattens its (block, head, batch) index into blockIdx.x and decodes it in the kernel,
+# so that any B x H that fits in memory launches (with H in y and B in z, B = 100,000 sequences could
+# not): flashlib.hardware.CUDA_GRID_MAX holds CUDA's limits.
 
 
 @dataclass(frozen=True)
@@ -66,18 +65,11 @@ def _cdiv(a: int, b: int) -> int:
 def flat_grid(*counts: int) -> tuple[int, int, int]:
     """The 1-D grid ``(prod(counts), 1, 1)``; a kernel decodes blockIdx.x, first count fastest.
 
-    Raises ValueError when the product exceeds CUDA's gridDim.x limit of 2^31 - 1 blocks (tensors that
-    large would not fit in any GPU's memory).
+    Raises ValueError outside CUDA's gridDim.x limit (:func:`flashlib.hardware.flat_programs`).
 
     Explained in: notebooks/08_cuda.
     """
-    n = 1
-    for c in counts:
-        n *= int(c)
-    if not 1 <= n <= GRID_X_MAX:
-        raise ValueError(f"a launch of {' x '.join(map(str, counts))} = {n} blocks is outside CUDA's "
-                         f"grid limit of 1..{GRID_X_MAX}")
-    return (n, 1, 1)
+    return (flat_programs(*counts), 1, 1)
 
 
 # ---- v1: scalar fp32 ------------------------------------------------------------------------------

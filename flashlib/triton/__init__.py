@@ -25,11 +25,10 @@ Explained in: notebooks/07_triton.
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 
-__all__ = ["INTERPRET", "interpreting", "check_tensors", "flat_grid", "MAX_GRID", "triton", "tl"]
+__all__ = ["INTERPRET", "interpreting", "check_tensors", "flat_grid", "triton", "tl"]
 
 
 def _cuda_available() -> bool:
@@ -42,6 +41,8 @@ def _cuda_available() -> bool:
 
 if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not _cuda_available():
     os.environ["TRITON_INTERPRET"] = "1"    # before the first `import triton`: the mode is fixed then
+
+from ..hardware import flat_programs  # noqa: E402
 
 try:
     import triton  # noqa: E402
@@ -79,20 +80,13 @@ def check_tensors(*tensors) -> None:
             "TRITON_INTERPRET=1 set (or import flashlib.triton before triton) to interpret on the CPU.")
 
 
-# CUDA's grid limits (programs per axis): 2^31 - 1 on x, 65,535 on y and z.
-MAX_GRID = (2**31 - 1, 65535, 65535)
-
-
 def flat_grid(*counts: int) -> tuple[int]:
     """The one-axis grid of ``prod(counts)`` programs that every flashlib kernel launches.
 
     ``counts`` from the slowest-varying to the fastest (e.g. ``B·H``, query blocks per head): the
     kernel decodes them back from ``tl.program_id(0)`` in the same order. Raises ValueError beyond
-    CUDA's 2^31 - 1 programs (about 10^11 query rows at 64 rows per program: memory runs out first).
+    CUDA's 2^31 - 1 programs (:func:`flashlib.hardware.flat_programs`; about 10^11 query rows at 64
+    rows per program: memory runs out first).
     Explained in: notebooks/07_triton.
     """
-    n = math.prod(counts)
-    if n > MAX_GRID[0]:
-        raise ValueError(f"{n} programs ({' x '.join(map(str, counts))}) exceed CUDA's grid limit of "
-                         f"{MAX_GRID[0]} on axis 0")
-    return (n,)
+    return (flat_programs(*counts),)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from . import INTERPRET, flat_grid, triton, tl
+from . import INTERPRET, triton, tl
 from .configs import Config, launch
 from .fa2_fwd import LOG2E
 from .fa2_fwd import grid as fwd_grid
@@ -195,14 +195,14 @@ def grid_preprocess(B: int, H: int, NQ: int) -> tuple[int]:
     """The D preprocess's grid: one program per (batch·head, block of 64 query rows), flat.
 
     Explained in: notebooks/07_triton."""
-    return flat_grid(B * H, triton.cdiv(NQ, PREPROCESS_BLOCK_M))
+    return fwd_grid(B, H, NQ, PREPROCESS_BLOCK_M)
 
 
 def grid_dkdv(B: int, HKV: int, NK: int, block_n: int) -> tuple[int]:
     """The dK/dV kernel's grid: one program per (batch·kv head, key block), flat.
 
     Explained in: notebooks/07_triton."""
-    return flat_grid(B * HKV, triton.cdiv(NK, block_n))
+    return fwd_grid(B, HKV, NK, block_n)
 
 
 grid_dq = fwd_grid       # the dQ kernel's grid is the forward's: one program per (batch·head, query block)
