@@ -97,3 +97,10 @@ def test_a_callers_hazardous_config_runs_unpipelined():
 def test_sm90_backward_uses_the_fastest_pair_measured_right():
     assert configs.arch_config("bwd_dkdv", "sm_90", 128, 2) == Config(64, 64, 4, 2)
     assert configs.arch_config("bwd_dq", "sm_90", 128, 2) == Config(64, 64, 4, 2)
+
+
+def test_hazard_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        configs.hazard("bwd", Config(32, 64, 8, 2))
+    with pytest.raises(TypeError, match="cfg must be a"):
+        configs.hazard("bwd_dkdv", (32, 64, 8, 2))

@@ -103,6 +103,10 @@ def hazard(kernel: str, cfg: Config) -> str | None:
     the dK/dV kernel pipelined (num_stages >= 2) with block_m < 64 <= block_n (see above).
 
     Explained in: notebooks/07_triton."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if not isinstance(cfg, Config):
+        raise TypeError(f"cfg must be a flashlib.triton.configs.Config, got {type(cfg).__name__}")
     if kernel == "bwd_dkdv" and cfg.num_stages >= 2 and cfg.block_m < 64 <= cfg.block_n:
         return (f"bwd_dkdv {cfg}: pipelined with a query step < 64 beside a key block >= 64 gave a wrong, "
                 "non-deterministic dK on an H100")
@@ -132,12 +136,16 @@ def smem_estimate(kernel: str, cfg: Config, block_d: int, elem_bytes: int) -> in
     return (resident + stages * streamed) * elem_bytes
 
 
+def _cc(arch: str) -> int:
+    """The compute capability of ``arch`` as a number: "sm_90a" -> 90."""
+    return int(arch.removeprefix("sm_").rstrip("a"))
+
+
 def _limit_bytes(arch: str) -> int:
     if arch in ARCH_SMEM_LIMIT:
         return ARCH_SMEM_LIMIT[arch] * 1024
-    cc = int(arch.removeprefix("sm_").rstrip("a"))
-    known = [a for a in ARCH_SMEM_LIMIT if int(a[3:]) <= cc]      # nearest older architecture we know
-    return ARCH_SMEM_LIMIT[max(known, key=lambda a: int(a[3:]))] * 1024 if known else 48 * 1024
+    known = [a for a in ARCH_SMEM_LIMIT if _cc(a) <= _cc(arch)]   # nearest older architecture we know
+    return ARCH_SMEM_LIMIT[max(known, key=_cc)] * 1024 if known else 48 * 1024
 
 
 def arch_candidates(kernel: str, arch: str, block_d: int, elem_bytes: int, *,
@@ -146,7 +154,7 @@ def arch_candidates(kernel: str, arch: str, block_d: int, elem_bytes: int, *,
     smallest candidate, even if its estimate does not fit: the launch then says so)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    cc = int(arch.removeprefix("sm_").rstrip("a"))
+    cc = _cc(arch)
     table = SM75 if cc < 80 else SM90 if cc >= 90 else CANDIDATES
     factor = SM75_SMEM_FACTOR if cc < 80 else 1
     limit = _limit_bytes(arch) if limit is None else limit
@@ -203,7 +211,6 @@ def launch(kernel: str, device, block_d: int, elem_bytes: int, run, config: Conf
 def check_dtype_arch(dtype_name: str, arch: str) -> None:
     """Refuse bfloat16 before sm_80: no bf16 tensor-core instructions (and Triton fails to compile it
     on a T4). ``dtype_name`` like "bfloat16", ``arch`` like "sm_75"."""
-    cc = int(arch.removeprefix("sm_").rstrip("a"))
-    if dtype_name == "bfloat16" and cc < 80:
+    if dtype_name == "bfloat16" and _cc(arch) < 80:
         raise ValueError(f"backend='triton': bfloat16 needs compute capability 8.0 (sm_80) or newer; this "
                          f"GPU is {arch} (e.g. a T4). Use float16 on this GPU.")
