@@ -15,7 +15,7 @@ import numpy as np
 from ._checks import causal_mask, check_qkv, check_scale
 
 __all__ = ["reference", "reference_backward", "random_qkv", "max_error", "assert_close",
-           "reference_gqa", "plain_torch_attention", "assert_fa_rule",
+           "reference_gqa", "plain_torch_attention", "assert_fa_rule", "assert_attention_right",
            "ADVERSARIAL_SHAPES"]
 
 # (Nq, Nk, d): lengths that are multiples of no block, Nq != Nk both ways, N = 1, odd head dims,
@@ -188,3 +188,37 @@ def assert_fa_rule(actual, baseline, expected, *, factor=2.0, floor=0.0, name="v
         raise AssertionError(f"{name}: max error {err:.3e} exceeds {factor}x the plain same-dtype "
                              f"implementation's {base:.3e} (+{floor:.1e})")
     return err, base
+
+
+def assert_attention_right(q, k, v, do, *, causal=False, o=None, lse=None, grads=None, floor=0.0):
+    """The project's accuracy standard for a torch attention result against the float64 oracle.
+
+    ``q (B, H, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, ``do`` like q, any device; ``o``, ``lse`` and
+    ``grads = (dq, dk, dv)`` are what the implementation returned (None: not checked). float32: o and
+    lse within 2e-5, gradients within 1e-4 (absolute and relative). float16/bfloat16: FlashAttention's
+    rule — at most 2x (o) or 3x (gradients) the error of :func:`plain_torch_attention` in the same
+    dtype, plus ``floor`` (for baselines that are exact, e.g. dQ = 0 at Nq = Nk = 1) — and lse (float32
+    sums of 16-bit products) within 2e-2. Returns a one-line note; raises AssertionError naming the
+    first quantity out of bounds. Explained in: notebooks/07_triton.
+    """
+    import torch
+    o_ref, lse_ref, g_ref = reference_gqa(q, k, v, causal=causal, do=do)
+    names = ("dq", "dk", "dv")
+    if q.dtype == torch.float32:
+        if o is not None:
+            assert_close(o, o_ref, atol=2e-5, rtol=2e-5, name="o")
+        if lse is not None:
+            assert_close(lse, lse_ref, atol=2e-5, rtol=2e-5, name="lse")
+        for got, want, n in zip(grads or (), g_ref, names):
+            assert_close(got, want, atol=1e-4, rtol=1e-4, name=n)
+        return "fp32 within 2e-5 (grads 1e-4) of the float64 oracle"
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    base = plain_torch_attention(*leaves, causal=causal)
+    if o is not None:
+        assert_fa_rule(o, base, o_ref, factor=2.0, floor=floor, name="o")
+    if lse is not None:
+        assert_close(lse, lse_ref, atol=2e-2, rtol=2e-2, name="lse")
+    if grads is not None:
+        for got, bg, want, n in zip(grads, torch.autograd.grad(base, leaves, do), g_ref, names):
+            assert_fa_rule(got, bg, want, factor=3.0, floor=floor, name=n)
+    return "within FlashAttention's rule (2x / 3x a plain same-dtype implementation)"
