@@ -314,20 +314,7 @@ def compile_report(archs=ARCHS, *, cache: bool = True) -> list[dict]:
     for producer in ROW_PRODUCERS:
         rows += [{k: v for k, v in row.items() if not k.startswith("_")}
                  for row in producer(archs, cache=cache)]
-    for row in rows:
-        if "compiler" not in row and row["backend"] == "cuda":
-            row["compiler"] = _nvcc_label()
     return rows
-
-
-def _nvcc_label() -> str:
-    from .cuda import build
-    nvcc = build.find_tool("nvcc")
-    if nvcc is None:
-        return "nvcc (not found)"
-    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    m = re.search(r"release (\d+\.\d+)", out)
-    return f"nvcc {m.group(1)}" if m else "nvcc"
 
 
 def compilers(rows) -> str:

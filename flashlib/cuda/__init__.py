@@ -272,8 +272,8 @@ def compile_configs():
 def compile_rows(archs=ARCHS) -> list[dict]:
     """Compile-report rows (backend "cuda") for every kernel configuration and architecture.
 
-    Each row: ``backend, kernel, config, arch, ok, registers, spill_bytes, shared_bytes,
-    mma_instructions, tensor_cores`` (+ ``error`` when ``ok`` is False). ``registers`` and
+    Each row: ``backend, kernel, config, arch, compiler ("nvcc 13.0"), ok, registers, spill_bytes,
+    shared_bytes, mma_instructions, tensor_cores`` (+ ``error`` when ``ok`` is False). ``registers`` and
     ``spill_bytes`` (spill stores + loads) come from ``nvcc -cubin -arch=<arch> --resource-usage``;
     ``shared_bytes`` is the kernel's static shared memory plus the dynamic bytes its LaunchSpec asks
     for; ``mma_instructions`` counts HMMA/HGMMA in ``cuobjdump -sass``. bf16 v2 rows are omitted on
@@ -283,6 +283,7 @@ def compile_rows(archs=ARCHS) -> list[dict]:
     Explained in: notebooks/08_cuda.
     """
     archs = [archs] if isinstance(archs, str) else list(archs)
+    compiler = build.nvcc_label()
     rows = []
     usage = {}
     pairs = sorted({(spec.source, arch) for arch in archs for _, spec in compile_configs()})
@@ -297,7 +298,8 @@ def compile_rows(archs=ARCHS) -> list[dict]:
         for version, spec in compile_configs():
             if arch == "sm_75" and spec.kernel.endswith("bf16") and version == "v2":
                 continue
-            row = {"backend": "cuda", "kernel": spec.kernel, "config": spec.config, "arch": arch, "ok": False,
+            row = {"backend": "cuda", "kernel": spec.kernel, "config": spec.config, "arch": arch,
+                   "compiler": compiler, "ok": False,
                    "registers": None, "spill_bytes": None, "shared_bytes": None, "mma_instructions": None,
                    "tensor_cores": False}
             try:

@@ -30,7 +30,7 @@ import shutil
 import subprocess
 
 __all__ = ["CSRC", "EMU_DIR", "SANITIZERS", "cache_dir", "find_tool", "require_tool", "kernel_names",
-           "harness_text", "emulator_binary", "nvcc_cubin", "nvcc_usage"]
+           "harness_text", "emulator_binary", "nvcc_cubin", "nvcc_usage", "nvcc_label"]
 
 EMU_DIR = pathlib.Path(__file__).resolve().parent
 CSRC = EMU_DIR.parent / "csrc"
@@ -137,6 +137,18 @@ def _tool_version(path: str) -> str:
         out = subprocess.run([path, "--version"], capture_output=True, text=True)
         _TOOL_VERSIONS[path] = out.stdout.strip()
     return _TOOL_VERSIONS[path]
+
+
+def nvcc_label() -> str:
+    """"nvcc 13.0": the compiler behind the CUDA rows of the compile report (true for it only).
+
+    Explained in: notebooks/08_cuda.
+    """
+    nvcc = find_tool("nvcc")
+    if nvcc is None:
+        return "nvcc (not found)"
+    m = re.search(r"release (\d+\.\d+)", _tool_version(nvcc))
+    return f"nvcc {m.group(1)}" if m else "nvcc"
 
 
 @contextlib.contextmanager
