@@ -1,20 +1,34 @@
 """flashlib — the tested library behind flashbook, a FlashAttention tutorial from first principles.
 
-The ladder (NumPy, any leading dims, float64-capable), one module per chapter:
+The map (each folder one layer; ``python -m flashlib`` is the command line):
 
-* :mod:`flashlib.naive` — standard attention, S and P in HBM (chapter 1);
-* :mod:`flashlib.softmax`, :mod:`flashlib.memeff` — online softmax and the memory-efficient
-  precursors (chapter 2);
-* :mod:`flashlib.fa1` — FlashAttention-1 tiling (chapter 3);
-* :mod:`flashlib.fa2` — FlashAttention-2 forward and backward (chapters 4 and 5);
-* :mod:`flashlib.decoding` — Flash-Decoding, split-KV (chapter 6);
-* :mod:`flashlib.iomodel` — the counted HBM/SRAM memory model every algorithm reports to;
-* :mod:`flashlib.testing` — the float64 oracle and the shared checker.
+* :mod:`flashlib.api` — the public torch functions :func:`attention`, :func:`attention_qkvpacked`,
+  :func:`decode` and their one validator; :mod:`flashlib._ops` — their autograd (torch custom ops);
+  :mod:`flashlib.backends` — the registry and one module per backend ("reference", "triton", "cuda");
+* :mod:`flashlib.ladder` — the NumPy algorithms, one module per chapter: ``naive`` (1), ``softmax`` and
+  ``memeff`` (2), ``fa1`` (3), ``fa2`` (4, 5), ``decoding`` (6), and ``iomodel``, the counted HBM/SRAM
+  memory model they all report to;
+* :mod:`flashlib.kernels` — real kernels: ``kernels.triton`` (chapter 7) and ``kernels.cuda``
+  (CUDA C++ sources, their CPU emulator and launcher; chapter 8);
+* :mod:`flashlib.tools` — the compile report, benchmarks, the self-check, timing and the tool chain;
+* :mod:`flashlib.parallel` — beyond one GPU: ring attention and its process launcher (chapter 10);
+* :mod:`flashlib.auto` (route torch SDPA to flashlib), :mod:`flashlib.models` (chapter 9),
+  :mod:`flashlib.hardware` (GPU facts), :mod:`flashlib.testing` (the float64 oracle and the checkers).
+
+The ladder's modules are also reachable under their short names (``flashlib.fa2``,
+``import flashlib.naive``), as the chapters first introduce them.
 """
-from . import decoding, fa1, fa2, hardware, iomodel, measure, memeff, naive, softmax, testing
+import sys as _sys
+
+from . import hardware, testing
+from .ladder import decoding, fa1, fa2, iomodel, memeff, naive, softmax
 from .display import show
-from .iomodel import IOCounter
+from .ladder.iomodel import IOCounter
 from .api import attention, attention_qkvpacked, decode
 
+for _m in (decoding, fa1, fa2, iomodel, memeff, naive, softmax):    # import flashlib.fa2 works too
+    _sys.modules.setdefault(f"{__name__}.{_m.__name__.rsplit('.', 1)[1]}", _m)
+
 __version__ = "0.1.0"
-__all__ = ["naive", "softmax", "memeff", "fa1", "fa2", "decoding", "iomodel", "testing", "hardware", "measure", "IOCounter", "show", "attention", "attention_qkvpacked", "decode"]
+__all__ = ["naive", "softmax", "memeff", "fa1", "fa2", "decoding", "iomodel", "testing", "hardware",
+           "IOCounter", "show", "attention", "attention_qkvpacked", "decode"]

@@ -21,7 +21,7 @@ def _add_report_arguments(parser) -> None:
 
 
 def _run_report(args) -> int:
-    from .inspect import ARCHS, compile_report, format_report, summary
+    from .tools.compile_report import ARCHS, compile_report, format_report, summary
     rows = compile_report(tuple(args.arch) if args.arch else ARCHS, cache=not args.no_cache)
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -33,12 +33,12 @@ def _run_report(args) -> int:
 
 
 def _add_bench_arguments(parser) -> None:
-    from .bench import add_arguments
+    from .tools.bench import add_arguments
     add_arguments(parser)
 
 
 def _run_bench(args) -> int:
-    from .bench import main
+    from .tools.bench import main
     return main(args)
 
 
@@ -47,7 +47,7 @@ def _add_info_arguments(parser) -> None:
 
 
 def _run_info(args) -> int:
-    from .selfcheck import format_info, info
+    from .tools.selfcheck import format_info, info
     d = info()
     print(json.dumps(d, indent=1) if args.json else format_info(d))
     return 0
@@ -59,7 +59,7 @@ def _add_check_arguments(parser) -> None:
 
 
 def _run_check(args) -> int:
-    from .selfcheck import CHECK_HEAD, check, exit_code, format_check, format_row
+    from .tools.selfcheck import CHECK_HEAD, check, exit_code, format_check, format_row
     print(CHECK_HEAD, "-" * len(CHECK_HEAD), sep="\n", flush=True)
     rows = check(args.backend, on_row=lambda r: print(format_row(r), flush=True))   # each row when done
     print(format_check(rows, head=False))

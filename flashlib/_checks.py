@@ -83,12 +83,12 @@ def check_block(value, name: str, default: int | None = None) -> int:
 
 
 def check_io(io):
-    """An :class:`~flashlib.iomodel.IOCounter`, or a fresh one that nobody reads when None."""
-    from .iomodel import IOCounter
+    """An :class:`~flashlib.ladder.iomodel.IOCounter`, or a fresh one that nobody reads when None."""
+    from .ladder.iomodel import IOCounter
     if io is None:
         return IOCounter()
     if not isinstance(io, IOCounter):
-        raise TypeError(f"io must be a flashlib.iomodel.IOCounter or None, got {type(io).__name__}")
+        raise TypeError(f"io must be a flashlib.ladder.iomodel.IOCounter or None, got {type(io).__name__}")
     return io
 
 

@@ -18,9 +18,9 @@ import torch
 from .api import _bwd_impl, _fwd_impl, _lse_dtype, _setup_context
 
 # Calling a torch custom op imports triton (torch looks for Triton kernels). Triton's mode is fixed by
-# its first import, so flashlib.triton must choose it first (interpreter when there is no GPU).
+# its first import, so flashlib.kernels.triton must choose it first (interpreter when there is no GPU).
 if "triton" not in sys.modules and importlib.util.find_spec("triton") is not None:
-    from . import triton as _flashlib_triton  # noqa: F401
+    from .kernels import triton as _flashlib_triton  # noqa: F401
 
 __all__ = ["attention_op"]
 

@@ -3,8 +3,8 @@
 Three thin layers, as in flash-attn's interface (STYLE.md §3):
 
 1. the private launches — a backend's ``forward`` / ``backward`` / ``decode`` callables (for Triton,
-   :mod:`flashlib.triton`; for "reference", the ladder's NumPy :mod:`flashlib.fa2` and
-   :mod:`flashlib.decoding` run on a CPU copy);
+   :mod:`flashlib.kernels.triton`; for "reference", the ladder's NumPy :mod:`flashlib.ladder.fa2` and
+   :mod:`flashlib.ladder.decoding` run on a CPU copy);
 2. autograd (:mod:`flashlib._ops`): the custom ops ``flashlib::attention_fwd`` /
    ``flashlib::attention_bwd`` (:mod:`torch.library`, with fake implementations, so torch.compile
    needs no graph break), or a :class:`torch.autograd.Function` on torch < 2.4 — both call a
@@ -91,7 +91,7 @@ def _lse_dtype(q):
 
 
 def _ref_forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
-    from . import fa2
+    from .ladder import fa2
     group = q.shape[1] // k.shape[1]
     kk = np.repeat(_to_numpy(k), group, axis=1)        # GQA: kv head h // group, expanded on the CPU
     vv = np.repeat(_to_numpy(v), group, axis=1)
@@ -101,7 +101,7 @@ def _ref_forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None
 
 
 def _ref_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
-    from . import fa2
+    from .ladder import fa2
     B, HKV, NK, D = k.shape
     group = q.shape[1] // HKV
     kk = np.repeat(_to_numpy(k), group, axis=1)
@@ -114,7 +114,7 @@ def _ref_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, block
 
 
 def _ref_decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
-    from . import decoding
+    from .ladder import decoding
     B, H, NQ, D = q.shape
     group = H // k_cache.shape[1]
     qn, kn, vn = _to_numpy(q), _to_numpy(k_cache), _to_numpy(v_cache)
@@ -139,7 +139,7 @@ register_backend(Backend("reference", _ref_forward, _ref_backward, _ref_decode, 
 
 
 # --------------------------------------------------------------------------------------------------
-# The "triton" backend: flashlib.triton, imported on first use (compiled on CUDA, interpreted on CPU).
+# The "triton" backend: flashlib.kernels.triton, imported on first use (compiled on CUDA, interpreted on CPU).
 # --------------------------------------------------------------------------------------------------
 
 def _last_dim_contiguous(*xs):
@@ -150,7 +150,7 @@ def _triton_config(blocks):
     """A Config from the caller's (block_q, block_k), or None to let the device's table choose."""
     if blocks == (None, None):
         return None
-    from .triton.configs import Config
+    from .kernels.triton.configs import Config
     for name, b in zip(("block_q", "block_k"), blocks):
         if b is not None and (b < 16 or b & (b - 1)):
             raise ValueError(f"backend='triton' needs {name} to be a power of two >= 16 (tl.arange "
@@ -160,14 +160,14 @@ def _triton_config(blocks):
 
 
 def _triton_forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
-    from .triton import fa2_fwd
+    from .kernels.triton import fa2_fwd
     q, k, v = _last_dim_contiguous(q, k, v)
     return fa2_fwd.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
                            config=_triton_config(blocks))
 
 
 def _triton_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
-    from .triton import fa2_bwd
+    from .kernels.triton import fa2_bwd
     q, k, v, o, do = _last_dim_contiguous(q, k, v, o, do)
     cfg = _triton_config(blocks)                  # dK/dV: key block = block_k, query step = block_q
     return fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32,
@@ -176,7 +176,7 @@ def _triton_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, bl
 
 def _triton_decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
     import torch
-    from .triton import decode as triton_decode
+    from .kernels.triton import decode as triton_decode
     q, k_cache, v_cache = _last_dim_contiguous(q, k_cache, v_cache)
     return triton_decode.decode(q, k_cache, v_cache, cache_seqlens.to(torch.int32).contiguous(),
                                 num_splits=num_splits, scale=scale)
@@ -185,7 +185,7 @@ def _triton_decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
 def _triton_check(q, op):
     import torch
     try:
-        from . import triton as ft
+        from .kernels import triton as ft
     except ImportError as exc:
         raise RuntimeError(f"backend='triton' cannot run here: {exc}") from None
     ft.check_tensors(q)
@@ -193,25 +193,25 @@ def _triton_check(q, op):
         raise TypeError("backend='triton' supports float16, bfloat16 and float32, got torch.float64; "
                         "use backend='reference' for float64")
     if q.device.type == "cuda":
-        from .triton.configs import check_dtype_arch, device_arch
+        from .kernels.triton.configs import check_dtype_arch, device_arch
         check_dtype_arch(str(q.dtype).removeprefix("torch."), device_arch(q.device))
 
 
 register_backend(Backend("triton", _triton_forward, _triton_backward, _triton_decode, _triton_check,
-                         "flashlib.triton kernels (compiled on CUDA, Triton's interpreter on CPU)"))
+                         "flashlib.kernels.triton kernels (compiled on CUDA, Triton's interpreter on CPU)"))
 
 
 # --------------------------------------------------------------------------------------------------
-# The "cuda" backend: flashlib/csrc's CUDA C++ kernels — NVRTC on a GPU, flashlib's emulator on a CPU.
+# The "cuda" backend: flashlib/kernels/cuda/csrc's CUDA C++ kernels — NVRTC on a GPU, flashlib's emulator on a CPU.
 # v1 (scalar) takes fp32, v2 (WMMA tensor cores) fp16/bf16. There is no CUDA backward kernel: the
 # backward is Triton's on a GPU and the reference (NumPy FA2) on a CPU, from the same saved LSE.
 # --------------------------------------------------------------------------------------------------
 
 def _cuda_forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
-    from . import cuda
+    from .kernels import cuda
     if blocks != (None, None):
         raise ValueError("backend='cuda' sizes its tiles from the head dim and the 48 KB of shared "
-                         "memory (flashlib.cuda.launch); block_q/block_k are for 'triton' and "
+                         "memory (flashlib.kernels.cuda.launch); block_q/block_k are for 'triton' and "
                          "'reference'")
     return cuda.forward(q, k, v, causal=causal, scale=scale)
 
@@ -222,7 +222,7 @@ def _cuda_backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, bloc
 
 
 def _cuda_decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
-    from . import cuda
+    from .kernels import cuda
     return cuda.decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, num_splits=num_splits,
                        scale=scale)
 
@@ -231,7 +231,7 @@ def _cuda_check(q, op):
     import importlib.util
 
     import torch
-    from .cuda import build
+    from .kernels.cuda import build
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"backend='cuda' takes float32 (kernel v1) or float16/bfloat16 (kernel v2), "
                         f"got {q.dtype}")
@@ -248,7 +248,7 @@ def _cuda_check(q, op):
 
 
 register_backend(Backend("cuda", _cuda_forward, _cuda_backward, _cuda_decode, _cuda_check,
-                         "flashlib/csrc CUDA C++ kernels (NVRTC on a GPU, the emulator on CPU)"))
+                         "flashlib/kernels/cuda/csrc CUDA C++ kernels (NVRTC on a GPU, the emulator on CPU)"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -298,7 +298,7 @@ def _attention_op():
 def _check_tensor(x, name: str):
     import torch
     if not isinstance(x, torch.Tensor):
-        hint = (" (for NumPy arrays use the ladder, e.g. flashlib.fa2.forward)"
+        hint = (" (for NumPy arrays use the ladder, e.g. flashlib.ladder.fa2.forward)"
                 if isinstance(x, np.ndarray) else "")
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}{hint}")
     if x.dim() != 4:
@@ -369,8 +369,8 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
         scale: softmax scale, default ``d ** -0.5``.
         return_lse: also return ``lse``, the natural-log log-sum-exp of the scaled (masked) scores,
             float32 ``(B, H, Nq)`` (float64 for float64 inputs). It carries no gradient.
-        backend: "triton" (flashlib.triton; on CPU tensors, Triton's interpreter — no environment
-            variable needed), "reference" (the ladder's NumPy flashlib.fa2 on a CPU copy: slow, any
+        backend: "triton" (flashlib.kernels.triton; on CPU tensors, Triton's interpreter — no environment
+            variable needed), "reference" (the ladder's NumPy flashlib.ladder.fa2 on a CPU copy: slow, any
             device), or "auto" (see :data:`AUTO`: triton for CUDA tensors, reference for CPU ones).
         allow_tf32: let fp32 matmuls use TF32 tensor cores (Triton on sm_80+). Default False: fp32
             is computed in true fp32 (``input_precision="ieee"``).
@@ -438,11 +438,11 @@ def default_num_splits(q, k_cache) -> int:
     """Decode's split count when ``num_splits=None``: fill the GPU about once.
 
     Work items without splitting: ``B · Hkv · ceil(group · Nq / 64)`` (a decode program takes up to 64
-    stacked query rows of one kv head). :func:`flashlib.decoding.choose_num_splits` then asks for
+    stacked query rows of one kv head). :func:`flashlib.ladder.decoding.choose_num_splits` then asks for
     ``ceil(SMs / items)`` splits, each keeping at least 256 keys of the cache (Nmax), at most 128.
     SMs: the CUDA device's count; on a CPU a fixed 4 (:data:`CPU_SPLIT_SMS`).
     """
-    from .decoding import choose_num_splits
+    from .ladder.decoding import choose_num_splits
     B, H, NQ, _ = q.shape
     hkv, nmax = k_cache.shape[1], k_cache.shape[2]
     row_blocks = -(-(H // hkv) * NQ // 64)

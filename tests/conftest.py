@@ -6,7 +6,7 @@ not tested. Every test that needs a tool goes through :func:`require` (or :func:
 
 :data:`DEVICE` is where tests put the tensors that reach Triton's kernels (``backend="triton"`` or
 ``"auto"``, flashlib.auto, models, torch.compile of flashlib's ops, bench): "cuda" when
-flashlib.triton compiles (a GPU is present), "cpu" when it interprets. The same suite thus runs the
+flashlib.kernels.triton compiles (a GPU is present), "cpu" when it interprets. The same suite thus runs the
 interpreter on a CPU machine and the compiled kernels on a GPU one (``from conftest import DEVICE``).
 """
 from __future__ import annotations
@@ -18,13 +18,14 @@ import shutil
 
 import pytest
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]     # the repository
 REQUIRE_ALL = os.environ.get("FLASHLIB_REQUIRE_ALL", "") not in ("", "0")
 
 # Triton's mode (interpreter or compiler) is fixed by its first import in a process. torch.compile
 # imports triton too; let flashlib choose first in every test process (interpreter when no GPU).
 if importlib.util.find_spec("triton") is not None:
-    import flashlib.triton  # noqa: E402,F401
-    DEVICE = "cpu" if flashlib.triton.INTERPRET else "cuda"
+    import flashlib.kernels.triton  # noqa: E402,F401
+    DEVICE = "cpu" if flashlib.kernels.triton.INTERPRET else "cuda"
 else:
     DEVICE = "cpu"      # no triton: only the reference backend runs, on CPU tensors
 

@@ -11,11 +11,10 @@ import pytest
 import torch
 
 import flashlib
-from conftest import DEVICE
+from conftest import DEVICE, ROOT
 from flashlib import api
 from flashlib.testing import assert_close, reference, reference_backward
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make_qkv(B=1, H=4, HKV=2, NQ=13, NK=21, D=24, dtype=torch.float64, seed=0, grad=False, device="cpu"):

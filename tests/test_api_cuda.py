@@ -60,7 +60,7 @@ def test_float64_is_refused_with_the_kernel_versions():
 
 
 def test_compile_report_has_cuda_rows():
-    from flashlib.inspect import ROW_PRODUCERS, cuda_rows
+    from flashlib.tools.compile_report import ROW_PRODUCERS, cuda_rows
     assert cuda_rows in ROW_PRODUCERS
     require(shutil.which("nvcc") is not None, "nvcc is needed for the CUDA compile report")
     rows = cuda_rows(("sm_75",))

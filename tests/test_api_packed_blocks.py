@@ -47,8 +47,8 @@ def test_user_blocks_give_the_same_result(backend, blocks):
 
 def test_block_io_counts_follow_the_users_blocks():
     # The reference backend really uses the chunking asked for: more query blocks, more K/V reads.
-    from flashlib import fa2
-    from flashlib.iomodel import IOCounter
+    from flashlib.ladder import fa2
+    from flashlib.ladder.iomodel import IOCounter
     few, many = IOCounter(), IOCounter()
     q = torch.randn(1, 1, 64, 16, dtype=torch.float64).numpy()
     fa2.forward(q[0, 0], q[0, 0], q[0, 0], block_q=64, io=few)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from flashlib import decoding, fa1, fa2, memeff, naive
+from flashlib.ladder import decoding, fa1, fa2, memeff, naive
 from flashlib.testing import random_qkv
 
 Q, K, V = random_qkv(4, 6, 3)
@@ -53,7 +53,7 @@ def test_bad_scale_and_io(name):
         CALLS[name](scale="0.5")
     with pytest.raises(ValueError, match="scale must be finite"):
         CALLS[name](scale=float("nan"))
-    with pytest.raises(TypeError, match="io must be a flashlib.iomodel.IOCounter"):
+    with pytest.raises(TypeError, match="io must be a flashlib.ladder.iomodel.IOCounter"):
         CALLS[name](io=object())
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import flashlib.triton  # noqa: E402,F401  (compile mode when a GPU is present)
+import flashlib.kernels.triton  # noqa: E402,F401  (compile mode when a GPU is present)
 
 # No helpers live here: a session that collects tests/ and tests/gpu together imports both files as
 # `conftest`, and `from conftest import ...` must keep finding tests/conftest.py's.

@@ -1,4 +1,4 @@
-"""GPU tier: the compile report (flashlib/inspect.py) against what this GPU really compiled.
+"""GPU tier: the compile report (flashlib/tools/compile_report.py) against what this GPU really compiled.
 
 A report is true only for the Triton that produced it (triton 3.9 on a CPU and 3.6 on an H100 differed
 by up to 2x on the same kernels). Here both sides use this machine's Triton: the report's rows for this
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import flashlib
-from flashlib import inspect as fi
-from flashlib.triton import configs, decode, fa2_bwd, fa2_fwd
+from flashlib.tools import compile_report as fi
+from flashlib.kernels.triton import configs, decode, fa2_bwd, fa2_fwd
 
 DEVICE = torch.device("cuda")
 KERNELS = {"fa2_fwd": fa2_fwd._fwd_kernel, "fa2_bwd_dkdv": fa2_bwd._bwd_dkdv,

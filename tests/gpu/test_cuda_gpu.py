@@ -1,4 +1,4 @@
-"""backend="cuda" on a real GPU: flashlib/csrc compiled at run time (NVRTC through CuPy, or nvcc when
+"""backend="cuda" on a real GPU: flashlib/kernels/cuda/csrc compiled at run time (NVRTC through CuPy, or nvcc when
 NVRTC cannot find complete CUDA headers), against the float64 oracle.
 
 Each test guards a defect or a semantic the CPU emulator cannot show on a GPU: the CUDA headers NVRTC

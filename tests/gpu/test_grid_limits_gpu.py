@@ -2,7 +2,7 @@
 
 ``flashlib.attention`` at B = 1024, H = 128 (B·H = 131,072) raised "Triton Error [CUDA]: invalid
 argument" on an H100 while the kernels put B·H on grid axis 1. Every Triton kernel now launches a flat
-axis-0 grid (flashlib.triton.flat_grid); here each one runs at that size, forward + backward (MHA and
+axis-0 grid (flashlib.kernels.triton.flat_grid); here each one runs at that size, forward + backward (MHA and
 GQA) and decode (ragged cache), checked against a plain same-dtype torch computation under
 FlashAttention's rule (flashlib.testing.assert_fa_rule) with a float64 truth computed on the GPU.
 Memory stays below about 4 GB: the float64 truth is computed a slice of the batch at a time.

@@ -3,7 +3,7 @@
 What the interpreter cannot show: the real kernel configs (N ~ 1000, d = 128 reach them; 40 tokens
 never do), races between programs running at once, and the compiler's own bugs. A real H100 found a
 dK/dV config class that was wrong and non-deterministic while every CPU test passed
-(flashlib/triton/configs.py): these tests would have caught it. Same standards as the CPU suite:
+(flashlib/kernels/triton/configs.py): these tests would have caught it. Same standards as the CPU suite:
 fp32 tightly against the float64 oracle, fp16/bf16 under FlashAttention's rule (2x a plain same-dtype
 implementation, 3x for gradients), adversarial shapes.
 """
@@ -15,8 +15,8 @@ import torch
 import flashlib
 from flashlib.testing import (assert_attention_right, assert_close, assert_fa_rule, plain_torch_attention,
                               reference_gqa)
-from flashlib.triton import configs, fa2_bwd, fa2_fwd
-from flashlib.triton.configs import Config
+from flashlib.kernels.triton import configs, fa2_bwd, fa2_fwd
+from flashlib.kernels.triton.configs import Config
 
 DEVICE = torch.device("cuda")
 BF16_OK = torch.cuda.get_device_capability(0) >= (8, 0)

@@ -1,0 +1,318 @@
+"""flashlib's CUDA C++ kernels, and the CPU emulator that runs them under sanitizers.
+
+The kernels live in ``flashlib/kernels/cuda/csrc`` (one file per version, each opening with a header that says what
+changed, where the idea comes from, its limits and how to run it):
+
+* ``fa2_fwd_v1_scalar.cu`` — v1, scalar fp32 FlashAttention-2 forward, one thread per query row;
+* ``fa2_fwd_v2_wmma.cu`` — v2, the same on tensor cores (WMMA 16x16x16, fp16, bf16 on sm_80+);
+* ``decode_splitkv.cu`` — Flash-Decoding: split-KV partial attention, then a combine kernel.
+
+Entry points (what ``flashlib.attention(..., backend="cuda")`` and ``flashlib.decode`` call):
+:func:`forward`, :func:`decode`, :func:`compile_rows`, and :func:`source` to show a kernel's code.
+CUDA tensors run on the GPU (NVRTC through CuPy); CPU tensors run in the emulator (``emulator.h``),
+optionally under AddressSanitizer or ThreadSanitizer.
+
+Explained in: notebooks/08_cuda.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import numbers
+import os
+
+from . import build, launch
+from .launch import EmulatorError, LaunchSpec
+
+__all__ = ["forward", "decode", "compile_rows", "compile_configs", "prebuild", "source", "SOURCES", "ARCHS",
+           "LaunchSpec", "EmulatorError", "build", "launch"]
+
+SOURCES = {"v1": "fa2_fwd_v1_scalar.cu", "v2": "fa2_fwd_v2_wmma.cu", "decode": "decode_splitkv.cu"}
+ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
+MAX_HEAD_DIM = 256
+_VERSION_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16")}
+
+
+def source(version: str):
+    """The CUDA source of ``version`` ("v1", "v2" or "decode"): an IPython Code object in a notebook.
+
+    Explained in: notebooks/08_cuda.
+    """
+    if version not in SOURCES:
+        raise ValueError(f"version must be one of {sorted(SOURCES)}, got {version!r}")
+    text = (build.CSRC / SOURCES[version]).read_text()
+    try:
+        from IPython.display import Code
+    except ImportError:  # pragma: no cover
+        return text
+    return Code(text, language="cuda")
+
+
+def prebuild(versions=("v1", "v2", "decode"), sanitizers=(None,)):
+    """Build the emulator executables for ``versions`` x ``sanitizers`` now, in parallel (g++ runs
+    take seconds each; later calls find them in the cache). Returns their paths.
+
+    Explained in: notebooks/08_cuda.
+    """
+    jobs = [(SOURCES[v], s) for v in versions for s in sanitizers]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return list(pool.map(lambda job: build.emulator_binary(*job), jobs))
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - torch is a dependency of backend="cuda"
+        raise ImportError("flashlib.kernels.cuda needs PyTorch (pip install torch)") from exc
+    return torch
+
+
+def _as_tensor(x, name):
+    torch = _torch()
+    if isinstance(x, torch.Tensor):
+        return x, True
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        np = None
+    if np is not None and isinstance(x, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(x)), False
+    raise TypeError(f"{name} must be a torch.Tensor or a NumPy array, got {type(x).__name__}")
+
+
+def _check_4d(t, name):
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have shape (B, H, N, d), got {tuple(t.shape)}")
+
+
+def _check_sanitizer(sanitizer, device_type):
+    if sanitizer not in build.SANITIZERS:
+        raise ValueError(f"sanitizer must be None, 'address' or 'thread', got {sanitizer!r}")
+    if sanitizer is not None and device_type == "cuda":
+        raise ValueError("sanitizer applies to the CPU emulator only; got CUDA tensors "
+                         "(on a GPU use compute-sanitizer)")
+
+
+def _check_qkv(q, k, v, kname: str, vname: str, n: str):
+    """q ``(B, H, Nq, d)``, k and v ``(B, Hkv, n, d)`` alike, H % Hkv == 0, one dtype; returns
+    ``((q, q_was_torch), k, v)`` as tensors."""
+    (q, q_torch), (k, _), (v, _) = _as_tensor(q, "q"), _as_tensor(k, kname), _as_tensor(v, vname)
+    for name, t in (("q", q), (kname, k), (vname, v)):
+        _check_4d(t, name)
+    b, h, _, d = q.shape
+    hkv = k.shape[1]
+    if k.shape[0] != b or k.shape[3] != d or v.shape != k.shape:
+        raise ValueError(f"{kname} and {vname} must be (B, Hkv, {n}, d) = ({b}, Hkv, {n}, {d}) alike, "
+                         f"got {kname} {tuple(k.shape)}, {vname} {tuple(v.shape)}")
+    if hkv < 1 or h % hkv:
+        raise ValueError(f"the number of query heads H={h} must be a multiple of kv heads Hkv={hkv}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, {kname} and {vname} must share a dtype, got {q.dtype}, {k.dtype}, "
+                        f"{v.dtype}")
+    return (q, q_torch), k, v
+
+
+def _scale(scale, d):
+    if scale is None:
+        return float(d) ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if scale != scale or scale in (float("inf"), float("-inf")):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def _dtype_name(t) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _pick_version(dtype: str, d: int, version):
+    if version is None:
+        version = "v1" if dtype == "float32" else "v2" if dtype in ("float16", "bfloat16") else None
+        if version is None:
+            raise TypeError(f"q must be float32 (v1), float16 or bfloat16 (v2), got {dtype}")
+    if version not in _VERSION_DTYPES:
+        raise ValueError(f"version must be None, 'v1' or 'v2', got {version!r}")
+    if dtype not in _VERSION_DTYPES[version]:
+        raise TypeError(f"CUDA kernel {version} supports dtypes {', '.join(_VERSION_DTYPES[version])}; got {dtype}"
+                        + (" (use version='v2' or None)" if version == "v1" else " (use version='v1' or None)"))
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"CUDA kernel {version} supports head dims 1..{MAX_HEAD_DIM}; got d={d}")
+    return version
+
+
+def _gpu_checks(t, version_label, needs_sm80):
+    torch = _torch()
+    if needs_sm80:
+        major, minor = torch.cuda.get_device_capability(t.device)
+        if major < 8:
+            raise TypeError(f"CUDA kernel {version_label} in bfloat16 needs sm_80 or newer (WMMA has no bf16 "
+                            f"before Ampere); this GPU is sm_{major}{minor} — use float16")
+
+
+def forward(q, k, v, *, causal=False, scale=None, version=None, sanitizer=None):
+    """FlashAttention-2 forward with flashlib's CUDA kernels; returns ``(o, lse)``.
+
+    Args:
+        q ``(B, H, Nq, d)``; k, v ``(B, Hkv, Nk, d)`` with ``H % Hkv == 0`` (GQA/MQA: query head h reads
+            kv head ``h // (H // Hkv)``, nothing is copied). torch tensors (CPU or CUDA) or NumPy
+            arrays; d <= 256.
+        causal: bottom-right aligned when Nq != Nk. scale: defaults to ``d ** -0.5``.
+        version: None picks "v1" for float32 and "v2" for float16/bfloat16 (bf16 on a GPU needs sm_80+).
+        sanitizer: CPU emulator only — None, "address" (ASan) or "thread" (TSan).
+
+    Returns:
+        ``o`` shaped and typed like q (same kind: tensor or array), ``lse (B, H, Nq)`` float32 (natural
+        log; ``-inf`` with ``o = 0`` for a row that sees no key).
+
+    Raises:
+        TypeError/ValueError naming the argument (shape, dtype, head dim, or the version that cannot
+        take them); RuntimeError naming the missing tool (g++ for CPU tensors, CuPy/NVRTC for CUDA
+        tensors); :class:`EmulatorError` when the emulator or a sanitizer stops the run.
+
+    Explained in: notebooks/08_cuda.
+    """
+    torch = _torch()
+    (q, q_torch), k, v = _check_qkv(q, k, v, "k", "v", "Nk")
+    b, h, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    if nq < 1 or nk < 1:
+        raise ValueError(f"Nq and Nk must be >= 1, got Nq={nq}, Nk={nk}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    dtype = _dtype_name(q)
+    version = _pick_version(dtype, d, version)
+    _check_sanitizer(sanitizer, q.device.type)
+    scale = _scale(scale, d)
+    if version == "v1":
+        specs = launch.v1_launch(b, h, hkv, nq, nk, d, scale, bool(causal))
+    else:
+        specs = launch.v2_launch(b, h, hkv, nq, nk, d, scale, bool(causal), "f16" if dtype == "float16" else "bf16")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = torch.empty_like(q)
+    lse = torch.empty((b, h, nq), dtype=torch.float32, device=q.device)
+    bufs = {"q": q, "k": k, "v": v, "o": o, "lse": lse}
+    if q.device.type == "cuda":
+        _gpu_checks(q, version, dtype == "bfloat16")
+        launch.run_gpu(specs, bufs)
+    else:
+        launch.run_emulated(specs, bufs, ["o", "lse"], sanitizer=sanitizer)
+    return (o, lse) if q_torch else (o.numpy(), lse.numpy())
+
+
+def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal=False, sanitizer=None):
+    """Flash-Decoding with flashlib's CUDA kernels: split-KV partials, then a combine; ``(o, lse)``.
+
+    Args:
+        q ``(B, H, Nq, d)`` (decoding: Nq = 1); k_cache, v_cache ``(B, Hkv, Nmax, d)``, H % Hkv == 0.
+        cache_seqlens: ``(B,)`` ints in ``[0, Nmax]``; sequence b attends to keys ``[0, cache_seqlens[b])``
+            only (0 keys: o = 0, lse = -inf).
+        num_splits: contiguous key chunks per sequence (>= 1), split as
+            :func:`flashlib.ladder.decoding.split_bounds` does; each chunk is one block of the split kernel.
+        scale: ``d ** -0.5`` by default. causal: bottom-right within each sequence's own length
+            (query i sees key j iff ``j <= i + len_b - Nq``). sanitizer: as :func:`forward`.
+        float32, float16 and bfloat16 (no tensor cores: one query row is a matrix-vector product).
+
+    Returns:
+        ``o`` like q, ``lse (B, H, Nq)`` float32.
+
+    Explained in: notebooks/08_cuda (and notebooks/06_flash_decoding for the algorithm).
+    """
+    torch = _torch()
+    (q, q_torch), k, v = _check_qkv(q, k_cache, v_cache, "k_cache", "v_cache", "Nmax")
+    b, h, nq, d = q.shape
+    hkv, nmax = k.shape[1], k.shape[2]
+    dtype = _dtype_name(q)
+    short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(dtype)
+    if short is None:
+        raise TypeError(f"CUDA decode supports float32, float16 and bfloat16; got {dtype}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"CUDA decode supports head dims 1..{MAX_HEAD_DIM}; got d={d}")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 1:
+        raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
+    if nq < 1 or nmax < 1:
+        raise ValueError(f"Nq and Nmax must be >= 1, got Nq={nq}, Nmax={nmax}")
+    seq, _ = _as_tensor(cache_seqlens, "cache_seqlens")
+    if seq.dim() != 1 or seq.shape[0] != b or seq.dtype.is_floating_point or seq.dtype == torch.bool:
+        raise ValueError(f"cache_seqlens must be a 1-D integer tensor of length B={b}, got "
+                         f"{tuple(seq.shape)} {seq.dtype}")
+    lo, hi = int(seq.min()), int(seq.max())
+    if lo < 0 or hi > nmax:
+        raise ValueError(f"cache_seqlens must lie in [0, Nmax={nmax}], got min {lo}, max {hi}")
+    _check_sanitizer(sanitizer, q.device.type)
+    scale = _scale(scale, d)
+    specs = launch.decode_launch(b, h, hkv, nq, nmax, d, scale, bool(causal), int(num_splits), short)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    seq = seq.to(device=q.device, dtype=torch.int32).contiguous()
+    o = torch.empty_like(q)
+    lse = torch.empty((b, h, nq), dtype=torch.float32, device=q.device)
+    o_parts = torch.empty((num_splits, b, h, nq, d), dtype=torch.float32, device=q.device)
+    lse_parts = torch.empty((num_splits, b, h, nq), dtype=torch.float32, device=q.device)
+    bufs = {"q": q, "k": k, "v": v, "seqlens": seq, "o_parts": o_parts, "lse_parts": lse_parts,
+            "o": o, "lse": lse}
+    if q.device.type == "cuda":
+        _gpu_checks(q, "decode", False)
+        launch.run_gpu(specs, bufs)
+    else:
+        launch.run_emulated(specs, bufs, ["o", "lse"], sanitizer=sanitizer)
+    return (o, lse) if q_torch else (o.numpy(), lse.numpy())
+
+
+def compile_configs():
+    """The (version, LaunchSpec) pairs the compile report covers: each kernel at d = 64, 128 and 256."""
+    out = []
+    for d in (64, 128, 256):
+        out += [("v1", s) for s in launch.v1_launch(1, 1, 1, 128, 128, d, 1.0, True)]
+        for dt in ("f16", "bf16"):
+            out += [("v2", s) for s in launch.v2_launch(1, 1, 1, 128, 128, d, 1.0, True, dt)]
+    for dt in ("f32", "f16", "bf16"):
+        out += [("decode", s) for s in launch.decode_launch(1, 1, 1, 1, 1024, 128, 1.0, False, 4, dt)]
+    return out
+
+
+def compile_rows(archs=ARCHS) -> list[dict]:
+    """Compile-report rows (backend "cuda") for every kernel configuration and architecture.
+
+    Each row: ``backend, kernel, config, arch, compiler ("nvcc 13.0"), ok, registers, spill_bytes,
+    shared_bytes, mma_instructions, tensor_cores`` (+ ``error`` when ``ok`` is False). ``registers`` and
+    ``spill_bytes`` (spill stores + loads) come from ``nvcc -cubin -arch=<arch> --resource-usage``;
+    ``shared_bytes`` is the kernel's static shared memory plus the dynamic bytes its LaunchSpec asks
+    for; ``mma_instructions`` counts HMMA/HGMMA in ``cuobjdump -sass``. bf16 v2 rows are omitted on
+    sm_75 (WMMA has no bf16 there; the kernel body compiles to nothing). Raises RuntimeError naming the
+    tool when nvcc or cuobjdump is missing.
+
+    Explained in: notebooks/08_cuda.
+    """
+    archs = [archs] if isinstance(archs, str) else list(archs)
+    compiler = build.nvcc_label()
+    rows = []
+    usage = {}
+    pairs = sorted({(spec.source, arch) for arch in archs for _, spec in compile_configs()})
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:   # nvcc in parallel
+        futures = {pair: pool.submit(build.nvcc_usage, *pair) for pair in pairs}
+        for pair, fut in futures.items():
+            try:
+                usage[pair] = fut.result()
+            except RuntimeError:
+                pass                                  # reported per row below
+    for arch in archs:
+        for version, spec in compile_configs():
+            if arch == "sm_75" and spec.kernel.endswith("bf16") and version == "v2":
+                continue
+            row = {"backend": "cuda", "kernel": spec.kernel, "config": spec.config, "arch": arch,
+                   "compiler": compiler, "ok": False,
+                   "registers": None, "spill_bytes": None, "shared_bytes": None, "mma_instructions": None,
+                   "tensor_cores": False}
+            try:
+                key = (spec.source, arch)
+                if key not in usage:
+                    usage[key] = build.nvcc_usage(spec.source, arch)
+                u = usage[key][spec.kernel]
+            except (RuntimeError, KeyError) as exc:
+                row["error"] = str(exc)[:500]
+                rows.append(row)
+                continue
+            row.update(ok=True, registers=u["registers"], spill_bytes=u["spill_bytes"],
+                       shared_bytes=u["static_smem"] + spec.shared_bytes,
+                       mma_instructions=u["mma_instructions"], tensor_cores=u["mma_instructions"] > 0)
+            rows.append(row)
+    return rows

@@ -1,0 +1,345 @@
+"""Launch geometry, computed once in Python, and the two ways to carry a launch out.
+
+Every kernel has one function here returning :class:`LaunchSpec` s — grid, block, dynamic shared bytes
+and the argument list in the kernel's parameter order. Both paths consume the same specs:
+
+* :func:`run_emulated` — CPU tensors: the emulator executable (``build.emulator_binary``) in a child
+  process, optionally under ASan or TSan;
+* :func:`run_gpu` — CUDA tensors: the same ``.cu`` source compiled at run time with NVRTC through CuPy
+  (a few seconds per source, cached for the process; ``torch.utils.cpp_extension.load_inline`` would
+  compile a whole PyTorch extension with the host compiler, about a minute per edit — too slow for a
+  reader changing a kernel in Colab).
+
+On a machine without a GPU only the last call of :func:`run_gpu` (the launch itself) goes untested.
+
+Explained in: notebooks/08_cuda.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import struct
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+from ...hardware import flat_programs
+from . import build, toolkit
+
+__all__ = ["LaunchSpec", "SMEM_BUDGET", "flat_grid", "v1_launch", "v2_launch",
+           "decode_launch", "run_emulated", "to_cupy", "run_gpu", "EmulatorError"]
+
+# Shared memory per block we allow ourselves: the 48 KB every GPU grants without an opt-in
+# (cudaFuncSetAttribute). A T4 could opt into 64 KB; staying at 48 KB keeps one code path everywhere.
+SMEM_BUDGET = 48 * 1024
+
+V1_BC = 16          # must match fa2_fwd_v1_scalar.cu
+V2_BC = 32          # must match fa2_fwd_v2_wmma.cu
+DECODE_THREADS = 128  # must match decode_splitkv.cu (4 warps)
+# Every kernel here flattens its (block, head, batch) index into blockIdx.x and decodes it in the kernel,
+# so that any B x H that fits in memory launches (with H in y and B in z, B = 100,000 sequences could
+# not): flashlib.hardware.CUDA_GRID_MAX holds CUDA's limits.
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One kernel launch: what CUDA's ``kernel<<<grid, block, shared_bytes>>>(args...)`` needs.
+
+    ``args`` are ``("buf", name)`` (a tensor from the buffer table), ``("i32", int)`` or
+    ``("f32", float)``, in the kernel's parameter order. ``config`` is a short human description.
+    """
+    source: str
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    args: tuple
+    config: str
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def flat_grid(*counts: int) -> tuple[int, int, int]:
+    """The 1-D grid ``(prod(counts), 1, 1)``; a kernel decodes blockIdx.x, first count fastest.
+
+    Raises ValueError outside CUDA's gridDim.x limit (:func:`flashlib.hardware.flat_programs`).
+
+    Explained in: notebooks/08_cuda.
+    """
+    return (flat_programs(*counts), 1, 1)
+
+
+# ---- v1: scalar fp32 ------------------------------------------------------------------------------
+def v1_tile(d: int) -> tuple[int, int]:
+    """(BR, shared bytes) for v1 at head dim d: the largest BR in 64, 32, 16, 8 that fits 48 KB."""
+    ds = d + 1 - (d & 1)
+    for br in (64, 32, 16, 8):
+        smem = (2 * br + V1_BC) * ds * 4
+        if smem <= SMEM_BUDGET:
+            return br, smem
+    raise ValueError(f"head dim d={d}: v1 cannot fit a tile in {SMEM_BUDGET} bytes (v1 supports d <= 256)")
+
+
+def v1_launch(b, h, hkv, nq, nk, d, scale, causal) -> list[LaunchSpec]:
+    """v1 (``fa2_fwd_v1_f32``): one block per (BR query rows, head, batch), one thread per row.
+
+    The grid is 1-D: blockIdx.x = (batch * H + head) * tiles + tile, with tiles = ceil(nq / BR).
+    """
+    br, smem = v1_tile(d)
+    return [LaunchSpec("fa2_fwd_v1_scalar.cu", "fa2_fwd_v1_f32", flat_grid(_cdiv(nq, br), h, b), (br, 1, 1), smem,
+                       (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "o"), ("buf", "lse"),
+                        ("i32", h), ("i32", hkv), ("i32", nq), ("i32", nk), ("i32", d),
+                        ("f32", scale), ("i32", int(causal))),
+                       f"d={d} BR={br} BC={V1_BC}")]
+
+
+# ---- v2: WMMA fp16/bf16 ---------------------------------------------------------------------------
+def v2_tile(d: int) -> tuple[int, int]:
+    """(BR, shared bytes) for v2 at head dim d (padded to d16, a multiple of 16), within 48 KB.
+
+    Per block: Q (BR x (d16+8) halves), one K/V buffer (BC x (d16+8) halves), S (BR x (BC+4) floats),
+    P (BR x (BC+8) halves) and the O accumulator (BR x (d16+4) floats). BR is 16 rows per warp.
+    """
+    d16 = _cdiv(d, 16) * 16
+    for br in (64, 32, 16):
+        smem = (br * (d16 + 8) * 2 + V2_BC * (d16 + 8) * 2 + br * (V2_BC + 4) * 4
+                + br * (V2_BC + 8) * 2 + br * (d16 + 4) * 4)
+        if smem <= SMEM_BUDGET:
+            return br, smem
+    raise ValueError(f"head dim d={d}: v2 cannot fit a tile in {SMEM_BUDGET} bytes (v2 supports d <= 256)")
+
+
+def v2_launch(b, h, hkv, nq, nk, d, scale, causal, dtype: str) -> list[LaunchSpec]:
+    """v2 (``fa2_fwd_v2_f16`` / ``fa2_fwd_v2_bf16``): one block of BR/16 warps per Q tile, 1-D grid
+    indexed as v1's."""
+    br, smem = v2_tile(d)
+    return [LaunchSpec("fa2_fwd_v2_wmma.cu", f"fa2_fwd_v2_{dtype}", flat_grid(_cdiv(nq, br), h, b), (2 * br, 1, 1),
+                       smem, (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "o"), ("buf", "lse"),
+                              ("i32", h), ("i32", hkv), ("i32", nq), ("i32", nk), ("i32", d),
+                              ("f32", scale), ("i32", int(causal))),
+                       f"{dtype} d={d} BR={br} BC={V2_BC}")]
+
+
+# ---- Flash-Decoding -------------------------------------------------------------------------------
+def decode_launch(b, h, hkv, nq, nmax, d, scale, causal, num_splits, dtype: str) -> list[LaunchSpec]:
+    """Flash-Decoding: ``decode_split_<dtype>`` then ``decode_combine_<dtype>``.
+
+    Split kernel: one block per (split, head, batch), blockIdx.x = (batch * H + head) * S + split,
+    4 warps; dynamic shared memory holds one query row (d floats) and the 4 warps' partial states. It
+    writes ``o_parts (S, B, H, nq, d)`` and ``lse_parts (S, B, H, nq)`` in fp32. Combine kernel: one
+    block per output row, blockIdx.x = (batch * H + head) * nq + query, 128 threads over d.
+    """
+    smem = (d + 4 * (d + 2)) * 4
+    common = (("i32", b), ("i32", h), ("i32", hkv), ("i32", nq), ("i32", nmax), ("i32", d))
+    split = LaunchSpec("decode_splitkv.cu", f"decode_split_{dtype}", flat_grid(num_splits, h, b),
+                       (DECODE_THREADS, 1, 1), smem,
+                       (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "seqlens"), ("buf", "o_parts"),
+                        ("buf", "lse_parts"), *common, ("i32", num_splits), ("f32", scale), ("i32", int(causal))),
+                       f"{dtype} d={d} splits={num_splits}")
+    combine = LaunchSpec("decode_splitkv.cu", f"decode_combine_{dtype}", flat_grid(nq, h, b),
+                         (DECODE_THREADS, 1, 1), 0,
+                         (("buf", "o_parts"), ("buf", "lse_parts"), ("buf", "o"), ("buf", "lse"),
+                          ("i32", b), ("i32", h), ("i32", nq), ("i32", d), ("i32", num_splits)),
+                         f"{dtype} d={d} splits={num_splits}")
+    return [split, combine]
+
+
+# ---- the emulator path ----------------------------------------------------------------------------
+class EmulatorError(RuntimeError):
+    """The emulator (or a sanitizer inside it) stopped a launch; ``report`` holds its stderr."""
+
+    def __init__(self, message: str, report: str):
+        super().__init__(message)
+        self.report = report
+
+
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", float(x)))[0]
+
+
+def _arg_token(arg, ids) -> str:
+    kind, val = arg
+    if kind == "buf":
+        return f"b{ids[val]}"
+    if kind == "i32":
+        return f"i{int(val)}"
+    if kind == "f32":
+        return f"f{_f32_bits(val)}"
+    raise ValueError(f"unknown argument kind {kind!r}")
+
+
+def plan_text(specs, sizes: dict[str, int], inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    """The runner's plan: buffers (inputs from files, the rest NaN-filled), launches, outputs."""
+    ids = {name: i for i, name in enumerate(sizes)}
+    lines = []
+    for name, nbytes in sizes.items():
+        init = f"file {inputs[name]}" if name in inputs else "nan"
+        lines.append(f"buffer {ids[name]} {nbytes} {init}")
+    for s in specs:
+        toks = " ".join(_arg_token(a, ids) for a in s.args)
+        lines.append(f"launch {s.kernel} {' '.join(map(str, s.grid))} {' '.join(map(str, s.block))} "
+                     f"{s.shared_bytes} {len(s.args)} {toks}")
+    for name, path in outputs.items():
+        lines.append(f"out {ids[name]} {path}")
+    return "\n".join(lines) + "\n"
+
+
+def run_emulated(specs, buffers: dict, outputs, *, sanitizer=None, source=None, timeout=None):
+    """Run ``specs`` in the emulator on CPU tensors; fill the tensors named in ``outputs`` in place.
+
+    Args:
+        specs: LaunchSpecs of one source, run in order in one child process.
+        buffers: name -> contiguous CPU torch tensor (inputs and pre-allocated outputs). Outputs
+            start NaN-filled in the emulator, so an element a kernel never writes shows up.
+        outputs: names of buffers to copy back.
+        sanitizer: None, "address" or "thread".
+        source: override the source (a path or ``(name, text)``), e.g. a planted bug.
+
+    Raises:
+        EmulatorError: the child failed; the message quotes the first lines of its report.
+    """
+    import torch
+
+    exe = build.emulator_binary(source if source is not None else specs[0].source, sanitizer)
+    with tempfile.TemporaryDirectory(prefix="flashlib-emu-") as tmp:
+        tmp = pathlib.Path(tmp)
+        sizes, inputs, outs = {}, {}, {}
+        for name, t in buffers.items():
+            if t.device.type != "cpu" or not t.is_contiguous():
+                raise ValueError(f"buffer {name!r} must be a contiguous CPU tensor")
+            sizes[name] = t.numel() * t.element_size()
+            if name not in outputs:
+                path = tmp / f"{name}.bin"
+                path.write_bytes(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+                inputs[name] = str(path)
+        for name in outputs:
+            outs[name] = str(tmp / f"{name}.out")
+        env = dict(os.environ)
+        env.setdefault("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0")
+        env.setdefault("TSAN_OPTIONS", "halt_on_error=1:second_deadlock_stack=1")
+        proc = subprocess.run([str(exe)], input=plan_text(specs, sizes, inputs, outs), text=True,
+                              capture_output=True, env=env, timeout=timeout)
+        report = proc.stderr
+        if proc.returncode != 0 or "WARNING: ThreadSanitizer" in report or "ERROR: AddressSanitizer" in report:
+            lines = [ln for ln in report.splitlines() if ln.strip()]
+            head = "\n".join(lines[:12])
+            raise EmulatorError(f"emulator run of {', '.join(s.kernel for s in specs)} failed "
+                                f"(exit {proc.returncode}, sanitizer={sanitizer}):\n{head}", report)
+        for name in outputs:
+            t = buffers[name]
+            data = pathlib.Path(outs[name]).read_bytes()
+            if t.numel():
+                t.view(torch.uint8).copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8).view(-1)
+                                          .reshape(t.view(torch.uint8).shape))
+    return buffers
+
+
+# ---- the GPU path ---------------------------------------------------------------------------------
+_GPU_MODULES: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _include_dirs():
+    """:func:`toolkit.find_include_dirs`, looked up once per process (a tuple, or None).
+
+    Explained in: notebooks/08_cuda.
+    """
+    dirs = toolkit.find_include_dirs()
+    return None if dirs is None else tuple(dirs)
+
+
+def _gpu_module(cupy, source: str, arch: str):
+    """Compile ``source`` for ``arch``: NVRTC with the ``-I`` dirs :mod:`flashlib.kernels.cuda.toolkit` finds
+    (dirs that hold every header the kernels include, followed through); else — no such dirs, or
+    NVRTC rejects them (headers newer than the NVRTC that CuPy loads) — nvcc, which knows its own
+    headers (``build.nvcc_cubin``, loaded from the cubin); with neither, toolkit's RuntimeError naming
+    the missing headers, every place tried, and how to fix it.
+
+    Explained in: notebooks/08_cuda.
+    """
+    dirs, nvcc = _include_dirs(), build.find_tool("nvcc")
+    if dirs is not None:
+        mod = cupy.RawModule(code=(build.CSRC / source).read_text(), backend="nvrtc",
+                             options=("-std=c++17", *(f"-I{d}" for d in dirs)))
+        try:
+            mod.compile()
+            return mod
+        except cupy.cuda.compiler.CompileException:
+            if nvcc is None:
+                raise
+    elif nvcc is None:
+        raise toolkit.not_found_error(toolkit.search(stop=False))
+    return cupy.RawModule(path=str(build.nvcc_cubin(source, arch)))
+
+
+def _gpu_function(source: str, kernel: str):
+    """The kernel compiled for the current GPU (see :func:`_gpu_module`); modules are cached per
+    (source, architecture).
+
+    Explained in: notebooks/08_cuda.
+    """
+    try:
+        import cupy
+    except ImportError as exc:
+        raise RuntimeError("CUDA tensors with backend='cuda' need CuPy, which compiles the kernels at run "
+                           "time with NVRTC (Colab ships it; elsewhere: pip install cupy-cuda12x)") from exc
+    arch = f"sm_{cupy.cuda.Device().compute_capability}"
+    mod = _GPU_MODULES.get((source, arch))
+    if mod is None:
+        mod = _GPU_MODULES[(source, arch)] = _gpu_module(cupy, source, arch)
+    return mod.get_function(kernel)
+
+
+def to_cupy(cupy, t):
+    """A CuPy array over ``t``'s memory (no copy), for a kernel argument.
+
+    ``t.detach()`` first: ``cupy.from_dlpack`` refuses a tensor that requires grad (BufferError), and
+    the detached tensor shares ``t``'s storage, so what a kernel writes lands in the caller's tensor.
+    2-byte dtypes are passed as int16 (CuPy has no bfloat16; the kernel reads the same bytes).
+
+    Explained in: notebooks/08_cuda.
+    """
+    import torch
+
+    t = t.detach()
+    if t.element_size() == 2:
+        t = t.view(torch.int16)
+    return cupy.from_dlpack(t)
+
+
+def _cupy_stream(cupy, torch_stream):
+    """torch's current stream as a CuPy stream, so kernels queue behind torch's work: through the CUDA
+    stream protocol (``Stream.from_external``, CuPy >= 14) where both sides have it, else CuPy's older
+    ``ExternalStream`` (deprecated in CuPy 14).
+
+    Explained in: notebooks/08_cuda.
+    """
+    if hasattr(cupy.cuda.Stream, "from_external") and hasattr(torch_stream, "__cuda_stream__"):
+        return cupy.cuda.Stream.from_external(torch_stream)
+    return cupy.cuda.ExternalStream(torch_stream.cuda_stream)
+
+
+def run_gpu(specs, buffers: dict) -> dict:
+    """Run ``specs`` on the GPU that holds the CUDA tensors in ``buffers`` (outputs written in place).
+
+    Explained in: notebooks/08_cuda.
+    """
+    import cupy
+    import numpy as np
+    import torch
+
+    device = next(iter(buffers.values())).device
+    with cupy.cuda.Device(device.index):
+        arrays = {name: to_cupy(cupy, t) for name, t in buffers.items()}
+        with _cupy_stream(cupy, torch.cuda.current_stream(device)):
+            for s in specs:
+                fn = _gpu_function(s.source, s.kernel)
+                if s.shared_bytes > 48 * 1024:
+                    fn.max_dynamic_shared_size_bytes = s.shared_bytes
+                args = tuple(arrays[v] if k == "buf" else (np.int32(v) if k == "i32" else np.float32(v))
+                             for k, v in s.args)
+                fn(s.grid, s.block, args, shared_mem=s.shared_bytes)
+    return buffers

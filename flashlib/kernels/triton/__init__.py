@@ -1,0 +1,92 @@
+"""flashlib's Triton kernels: FlashAttention-2 forward and backward, Flash-Decoding.
+
+One file per kernel, each opening with what changed from the version before it:
+
+* :mod:`flashlib.kernels.triton.fa2_fwd` — FA2 forward (one program per query block and batch·head);
+* :mod:`flashlib.kernels.triton.fa2_bwd` — FA2 backward (D preprocess, dK/dV per key block, dQ per query block);
+* :mod:`flashlib.kernels.triton.decode` — Flash-Decoding (split-KV partial attention, then an LSE combine);
+* :mod:`flashlib.kernels.triton.configs` — block sizes per architecture, pruned by its shared-memory limit.
+
+Grids. Every kernel launches a one-dimensional grid (:func:`flat_grid`): CUDA allows 2^31 - 1
+programs on axis 0 but only 65,535 on axes 1 and 2, so a (blocks, batch·heads) grid failed at
+B·H > 65,535 (B = 1024, H = 128: "invalid argument"). A kernel decodes its block and its batch·head
+from ``tl.program_id(0)``; the blocks of one head are consecutive programs, so they run side by side
+and share that head's K/V in L2.
+
+Interpreter or compiler. Triton fixes its mode when ``triton`` is first imported (see the project's
+FACTS): with ``TRITON_INTERPRET=1`` every kernel runs on CPU tensors in Triton's NumPy interpreter,
+without it every kernel is compiled for the GPU. Importing this package on a machine with no CUDA
+device sets ``TRITON_INTERPRET=1`` *before* the first ``import triton`` (unless the variable is already
+set, which we respect), so ``flashlib.attention(..., backend="triton")`` runs on CPU tensors with no
+set-up. If ``triton`` was already imported in compile mode, CPU tensors are refused by
+:func:`check_tensors` with a message saying what to do.
+
+Explained in: notebooks/07_triton.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["INTERPRET", "interpreting", "check_tensors", "flat_grid", "triton", "tl"]
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is required for the kernels anyway
+        return False
+    return torch.cuda.is_available()
+
+
+if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not _cuda_available():
+    os.environ["TRITON_INTERPRET"] = "1"    # before the first `import triton`: the mode is fixed then
+
+from ...hardware import flat_programs  # noqa: E402
+
+try:
+    import triton  # noqa: E402
+    import triton.language as tl  # noqa: E402
+except ImportError as exc:  # pragma: no cover - exercised only where triton is missing
+    raise ImportError("flashlib.kernels.triton needs the `triton` package (Linux: pip install triton); "
+                      "use backend='reference' without it") from exc
+
+
+def interpreting() -> bool:
+    """True when this process runs Triton kernels in the interpreter (decided at the first import).
+
+    Triton decorates its own helpers (``tl.max``, ``tl.sum``...) when it is imported, as interpreted
+    or as compiled functions; their type tells which mode this process is in for good.
+    """
+    return type(tl.standard.max).__name__ == "InterpretedFunction"
+
+
+INTERPRET: bool = interpreting()
+
+
+def check_tensors(*tensors) -> None:
+    """Refuse tensors this process cannot run Triton kernels on, saying what to do instead."""
+    devices = {t.device.type for t in tensors}
+    if INTERPRET and devices != {"cpu"}:
+        raise RuntimeError(
+            "backend='triton': Triton runs in interpreter mode in this process (TRITON_INTERPRET=1 "
+            f"was set when triton was first imported), which takes CPU tensors; got {sorted(devices)}. "
+            "Move the tensors to the CPU, or start a new process without TRITON_INTERPRET to compile.")
+    if not INTERPRET and devices != {"cuda"}:
+        raise RuntimeError(
+            "backend='triton': triton was imported in compile mode in this process (before flashlib "
+            "could set TRITON_INTERPRET=1), so its kernels need CUDA tensors; got "
+            f"{sorted(devices)}. Use CUDA tensors, use backend='reference', or start a new process with "
+            "TRITON_INTERPRET=1 set (or import flashlib.kernels.triton before triton) to interpret on the CPU.")
+
+
+def flat_grid(*counts: int) -> tuple[int]:
+    """The one-axis grid of ``prod(counts)`` programs that every flashlib kernel launches.
+
+    ``counts`` from the slowest-varying to the fastest (e.g. ``B·H``, query blocks per head): the
+    kernel decodes them back from ``tl.program_id(0)`` in the same order. Raises ValueError beyond
+    CUDA's 2^31 - 1 programs (:func:`flashlib.hardware.flat_programs`; about 10^11 query rows at 64
+    rows per program: memory runs out first).
+    Explained in: notebooks/07_triton.
+    """
+    return (flat_programs(*counts),)

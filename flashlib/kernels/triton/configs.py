@@ -1,0 +1,216 @@
+# configs.py — block sizes, warps and pipeline stages for every Triton kernel, per architecture.
+# Changed from "one config for all" (Triton's tutorial): a short ordered list of candidates per kernel,
+#   from the largest tile down; the first whose shared-memory estimate fits the architecture's
+#   per-block limit (flashlib.hardware.ARCH_SMEM_LIMIT: T4 64 KB, sm_86/89 99 KB, A100 163 KB,
+#   H100 227 KB) is used. On sm_75 Triton's tl.dot runs on CUDA cores (FFMA) with a large stack, so
+#   sm_75 gets its own, smaller tiles. In the interpreter, small blocks so that short test sequences
+#   still cross several blocks (the masks are what tests must reach).
+# Idea: FlashAttention-2's per-GPU tile choices; pruning by shared memory as Triton's autotuner
+#   `prune_configs_by` hook does (we choose by rule, not by timing: no GPU to time on here).
+# Limits: the estimate is the tiles' bytes (Q, and K/V times the pipeline depth); the compile report
+#   (flashlib.tools.compile_report.compile_report) measures the real figure and the tests check it fits.
+# Correctness before speed: a config is only in a table if it was shown right and bitwise deterministic
+#   on a real GPU, and :func:`hazard` refuses the class of configs a real H100 showed wrong (below).
+# Run: pick_config("fwd", q.device, block_d=128, elem_bytes=2).
+"""Per-architecture kernel configurations.  Explained in: notebooks/07_triton."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...hardware import ARCH_SMEM_LIMIT
+
+__all__ = ["Config", "KERNELS", "CANDIDATES", "SM75", "SM90", "INTERPRETER", "hazard", "safe", "smem_estimate", "arch_config",
+           "arch_candidates", "pick_config", "launch", "run_with_fallback", "device_arch",
+           "check_dtype_arch"]
+
+# On sm_75 Triton stages both operands of its FFMA dot through shared memory: the compile report
+# measured 1.2-1.9x the tile bytes of smem_estimate there (at or below it on sm_80+).
+SM75_SMEM_FACTOR = 2
+
+
+@dataclass(frozen=True)
+class Config:
+    """One launch configuration: query rows per program, keys per step, warps, pipeline stages."""
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __str__(self) -> str:
+        return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+
+# The kernels that need a config: FA2 forward, the two backward kernels, the decode split kernel.
+# (The D preprocess and the decode combine are elementwise/reduction kernels with fixed small blocks.)
+KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "decode")
+
+# Why the dK/dV kernel never runs with a query step below 64 beside a key block of 64 or more,
+# pipelined (a real H100, sm_90, torch 2.11 + triton 3.6, 2026-11-23; d = 128, fp16, B2 H8 N1000, each
+# config run twice on the same inputs and compared bit for bit and with the float64 oracle):
+#   wrong AND non-deterministic (dK error 3e-2 .. 0.2, plain fp16 torch 1e-3; dQ and dV right):
+#     M32-N64-w4-s2, M16-N64-w4-s2, M32-N128-w8-s2, M16-N128-w8-s2, and M32-N64-w8-s2 (in an earlier
+#     run on held-out shapes; right in this one: the failure is a race, it comes and goes);
+#   right and deterministic: M32-N64-w8-s1 (the same tiles, not pipelined), M64-N32-w4-s2,
+#     M32-N32-w4-s2, M16-N32-w4-s2, M64-N64-w4-s2/s3, M64-N128-w8-s2, M128-N64-w8-s2.
+# The class is exactly: num_stages >= 2 and block_m < 64 <= block_n. On Hopper, Triton runs a tl.dot
+# whose M (rows of the result) is 64 or more on the asynchronous warp-group MMA (wgmma), and smaller
+# ones on the synchronous mma.sync. In this kernel S = Q K^T and dP = dO V^T have M = block_m while
+# dV += P^T dO and dK += dS^T Q have M = block_n: the bad class is the one that mixes the two, with
+# the loop software-pipelined. dK's product is the last of the iteration, reads Q from a pipelined
+# shared-memory buffer, and is still in flight when the next iteration's copy lands in that buffer
+# (loading Q a second time for dK did not help: M16-N64-w4-s2 stayed wrong). Triton fixed
+# bugs of this family before (wgmma operands that were not multi-buffered: triton-lang/triton
+# pull requests 3106 and 8554); we found no report of this exact case. compute-sanitizer saw nothing
+# on small shapes. So flashlib never picks such a config on any architecture (we could only test an
+# H100): the tables below hold only configs shown right, and :func:`safe` turns a caller's config in
+# the bad class into its un-pipelined twin (num_stages = 1), which was right.
+
+# Candidates from the largest tile down. For bwd_dkdv, block_n is the key block a program owns and
+# block_m the query step; for bwd_dq the reverse, as in the forward. For decode, block_m caps the
+# stacked query rows (GQA group x Nq) a program takes.
+CANDIDATES: dict[str, list[Config]] = {
+    "fwd": [Config(128, 64, 8, 3), Config(128, 32, 8, 2), Config(64, 64, 4, 2), Config(64, 32, 4, 2),
+            Config(32, 32, 4, 1)],
+    # dK/dV holds two fp32 (block_n x d) accumulators: at d = 128 only 32 x 32 tiles compile without
+    # spilling on sm_80 (triton 3.9: M64-N32-w4-s2 spills 284 bytes, M64-N64-w4-s2 1216).
+    "bwd_dkdv": [Config(32, 32, 4, 2), Config(16, 32, 4, 1)],
+    "bwd_dq": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(64, 16, 4, 2), Config(32, 16, 4, 1)],
+    "decode": [Config(64, 64, 4, 2), Config(32, 32, 4, 1)],
+}
+# sm_90 (H100): the backward pair measured fastest among those measured right (B4 H16 N8192 d128 fp16,
+# TFLOP/s with FA2's count, triton 3.6, 2026-11-23): dK/dV M64-N64-w4-s2 + dQ M64-N64-w4-s2 = 379
+# (the old M32-N64-w8-s2 + M128-N32-w8-s2: 175, and wrong); dK/dV with 8 warps or N128: 143-346; at
+# d = 64 these pairs gave 253-274. triton 3.9 spills 288 bytes for this dK/dV tile on sm_90.
+SM90: dict[str, list[Config]] = {
+    **CANDIDATES,
+    "bwd_dkdv": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 2), Config(16, 32, 4, 1)],
+}
+# sm_75 (FFMA for tl.dot): small tiles and 8 warps keep the fp32 partial products in registers
+# (compile report, d = 128: no spills; 64 x 32 tiles spilled ~15 KB per thread).
+SM75: dict[str, list[Config]] = {
+    "fwd": [Config(32, 16, 8, 1)],
+    "bwd_dkdv": [Config(16, 32, 4, 1), Config(16, 16, 4, 1)],
+    "bwd_dq": [Config(16, 16, 8, 1)],
+    "decode": [Config(16, 32, 4, 1)],
+}
+INTERPRETER: dict[str, Config] = {
+    "fwd": Config(32, 16), "bwd_dkdv": Config(16, 32), "bwd_dq": Config(32, 16), "decode": Config(64, 16),
+}
+
+
+def hazard(kernel: str, cfg: Config) -> str | None:
+    """Why ``cfg`` must not run ``kernel`` on a GPU, or None. The one class shown wrong on a real GPU:
+    the dK/dV kernel pipelined (num_stages >= 2) with block_m < 64 <= block_n (see above).
+
+    Explained in: notebooks/07_triton."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if not isinstance(cfg, Config):
+        raise TypeError(f"cfg must be a flashlib.kernels.triton.configs.Config, got {type(cfg).__name__}")
+    if kernel == "bwd_dkdv" and cfg.num_stages >= 2 and cfg.block_m < 64 <= cfg.block_n:
+        return (f"bwd_dkdv {cfg}: pipelined with a query step < 64 beside a key block >= 64 gave a wrong, "
+                "non-deterministic dK on an H100")
+    return None
+
+
+def safe(kernel: str, cfg: Config) -> Config:
+    """``cfg``, or its un-pipelined twin (num_stages = 1) if :func:`hazard` refuses it.
+
+    Explained in: notebooks/07_triton."""
+    return cfg if hazard(kernel, cfg) is None else Config(cfg.block_m, cfg.block_n, cfg.num_warps, 1)
+
+
+def smem_estimate(kernel: str, cfg: Config, block_d: int, elem_bytes: int) -> int:
+    """Shared-memory bytes of the tiles a program stages: resident tile + pipelined tiles x stages."""
+    stages = max(1, cfg.num_stages)
+    if kernel in ("fwd", "decode"):            # Q resident; K and V streamed
+        resident, streamed = cfg.block_m * block_d, 2 * cfg.block_n * block_d
+    elif kernel == "bwd_dkdv":                 # K, V resident; Q and dO streamed, plus the P/dS tile
+        resident = 2 * cfg.block_n * block_d + 2 * cfg.block_m * cfg.block_n
+        streamed = 2 * cfg.block_m * block_d
+    elif kernel == "bwd_dq":                   # Q, dO resident; K and V streamed, plus the dS tile
+        resident = 2 * cfg.block_m * block_d + cfg.block_m * cfg.block_n
+        streamed = 2 * cfg.block_n * block_d
+    else:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    return (resident + stages * streamed) * elem_bytes
+
+
+def _cc(arch: str) -> int:
+    """The compute capability of ``arch`` as a number: "sm_90a" -> 90."""
+    return int(arch.removeprefix("sm_").rstrip("a"))
+
+
+def _limit_bytes(arch: str) -> int:
+    if arch in ARCH_SMEM_LIMIT:
+        return ARCH_SMEM_LIMIT[arch] * 1024
+    known = [a for a in ARCH_SMEM_LIMIT if _cc(a) <= _cc(arch)]   # nearest older architecture we know
+    return ARCH_SMEM_LIMIT[max(known, key=_cc)] * 1024 if known else 48 * 1024
+
+
+def arch_candidates(kernel: str, arch: str, block_d: int, elem_bytes: int, *,
+                    limit: int | None = None) -> list[Config]:
+    """The candidates for ``kernel`` on ``arch`` that fit its shared memory, largest first (at least the
+    smallest candidate, even if its estimate does not fit: the launch then says so)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    cc = _cc(arch)
+    table = SM75 if cc < 80 else SM90 if cc >= 90 else CANDIDATES
+    factor = SM75_SMEM_FACTOR if cc < 80 else 1
+    limit = _limit_bytes(arch) if limit is None else limit
+    fits = [c for c in table[kernel] if factor * smem_estimate(kernel, c, block_d, elem_bytes) <= limit]
+    return fits or [table[kernel][-1]]
+
+
+def arch_config(kernel: str, arch: str, block_d: int, elem_bytes: int, *, limit: int | None = None) -> Config:
+    """The first candidate for ``kernel`` whose shared-memory estimate fits ``arch`` (e.g. "sm_80")."""
+    return arch_candidates(kernel, arch, block_d, elem_bytes, limit=limit)[0]
+
+
+def device_arch(device) -> str:
+    """``"sm_XY"`` of a CUDA device."""
+    import torch
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def _device_candidates(kernel: str, device, block_d: int, elem_bytes: int) -> list[Config]:
+    if device.type != "cuda":
+        return [INTERPRETER[kernel]]
+    import torch
+    props = torch.cuda.get_device_properties(device)
+    limit = getattr(props, "shared_memory_per_block_optin", None)   # the device's own figure if known
+    return arch_candidates(kernel, device_arch(device), block_d, elem_bytes, limit=limit)
+
+
+def pick_config(kernel: str, device, block_d: int, elem_bytes: int) -> Config:
+    """The config for ``kernel`` on ``device``: the interpreter's on CPU, else :func:`arch_config`."""
+    return _device_candidates(kernel, device, block_d, elem_bytes)[0]
+
+
+def run_with_fallback(run, candidates):
+    """``run(cfg)`` with the first candidate; while Triton raises OutOfResources (more shared memory or
+    registers than the device has: our estimate was wrong), retry with the next, smaller one."""
+    from triton.runtime.errors import OutOfResources
+    for i, cfg in enumerate(candidates):
+        try:
+            return run(cfg)
+        except OutOfResources:
+            if i == len(candidates) - 1:
+                raise
+
+
+def launch(kernel: str, device, block_d: int, elem_bytes: int, run, config: Config | None = None):
+    """Launch ``run(cfg)`` for ``kernel``: with ``config`` if given, else the device's candidates
+    in order (:func:`run_with_fallback`)."""
+    if config is not None:
+        return run(safe(kernel, config))
+    return run_with_fallback(run, _device_candidates(kernel, device, block_d, elem_bytes))
+
+
+def check_dtype_arch(dtype_name: str, arch: str) -> None:
+    """Refuse bfloat16 before sm_80: no bf16 tensor-core instructions (and Triton fails to compile it
+    on a T4). ``dtype_name`` like "bfloat16", ``arch`` like "sm_75"."""
+    if dtype_name == "bfloat16" and _cc(arch) < 80:
+        raise ValueError(f"backend='triton': bfloat16 needs compute capability 8.0 (sm_80) or newer; this "
+                         f"GPU is {arch} (e.g. a T4). Use float16 on this GPU.")

@@ -1,0 +1,378 @@
+"""What the kernels compile to, on every GPU a reader meets — measured by the compiler, with no GPU.
+
+:func:`compile_report` compiles each kernel for each architecture (Triton's ``GPUTarget``
+cross-compilation: PTX, then ``ptxas`` to a cubin), then reads what the hardware would get: registers
+and spill bytes (``ptxas -v``), shared memory (Triton's allocation plus any static), and the
+tensor-core instructions in the SASS (``cuobjdump -sass``: HMMA on sm_75–89, HGMMA on sm_90).
+``ptxas`` and ``cuobjdump`` ship in the triton wheel (``triton/backends/nvidia/bin``).
+
+Triton's mode is fixed per process at its first import (interpreter or compiler), so the compiling is
+always done in child processes (one per architecture, as many at a time as there are cores), which
+also keeps a notebook that interprets kernels free to go on interpreting. Results are cached on disk
+(``$FLASHLIB_CACHE_DIR`` or ``~/.cache/flashlib``), keyed by a hash of the kernel sources, this file
+and the triton version: edit a kernel and its rows are compiled afresh.
+
+A report is true only for the compiler that produced it: the same kernels cross-compiled by triton 3.9
+on a CPU and JIT-compiled by triton 3.6 on an H100 differed by up to 2x (the forward's shared memory
+66,560 vs 131,072 bytes; the decode split's registers 230 vs 112). So every row names its compiler
+(``compiler``: "triton 3.9.0", "nvcc 13.0"), the table says it, and the GPU tier
+(tests/gpu/test_compile_report_gpu.py) checks that the rows for the GPU's own architecture match what
+that GPU really compiled, with the same Triton.
+
+Other backends add rows by appending a producer ``f(archs) -> list[dict]`` to :data:`ROW_PRODUCERS`
+(e.g. ``backend="cuda"`` rows from nvcc ``--resource-usage``); each row has the keys of :data:`KEYS`.
+
+Explained in: notebooks/07_triton.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import hashlib
+import io
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable
+
+from ..hardware import ARCH_SMEM_LIMIT
+
+__all__ = ["ARCHS", "KEYS", "ROW_PRODUCERS", "compile_report", "triton_rows", "sass_excerpt",
+           "format_report", "summary", "compilers"]
+
+ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
+KEYS = ("backend", "kernel", "config", "arch", "ok", "registers", "spill_bytes", "shared_bytes",
+        "mma_instructions", "tensor_cores")
+MMA_OPCODES = ("HMMA", "HGMMA", "IMMA", "UTCHMMA")   # tensor-core instructions as cuobjdump prints them
+REPORT_HEAD_DIM = 128                                # the problem the report compiles for: d = 128,
+REPORT_DTYPE = "fp16"                                # fp16, causal (every kernel in its heavier variant)
+
+_PKG = pathlib.Path(__file__).resolve().parents[1]     # flashlib/
+
+
+def _check_archs(archs) -> tuple[str, ...]:
+    if isinstance(archs, str):
+        archs = (archs,)
+    archs = tuple(archs)
+    bad = [a for a in archs if not isinstance(a, str) or not re.fullmatch(r"sm_\d{2,3}a?", a)]
+    if bad or not archs:
+        raise ValueError(f"archs must be a non-empty sequence like ('sm_80', 'sm_90'), got {archs!r}")
+    return archs
+
+
+# ------------------------------------------------------------------------------------- the kernels
+
+def _kernel_specs(arch: str):
+    """``[(name, jit_fn, signature, constexprs, config_or_None, options, uses_dot)]`` for one arch.
+
+    Runs in the compiling child process (Triton in compile mode)."""
+    from ..kernels.triton import configs, decode, fa2_bwd, fa2_fwd
+    d, dt = REPORT_HEAD_DIM, REPORT_DTYPE
+
+    def sig(fn, pointers: dict, floats=(), constexprs=()):
+        return {n: (pointers[n] if n in pointers else "fp32" if n in floats else
+                    "constexpr" if n in constexprs else "i32") for n in fn.arg_names}
+
+    flags = dict(CAUSAL=True, BLOCK_D=d, UPCAST=False, PRECISION="ieee")
+    specs = []
+    cfg = configs.arch_config("fwd", arch, d, 2)
+    specs.append(("fa2_fwd", fa2_fwd._fwd_kernel,
+                  sig(fa2_fwd._fwd_kernel, dict(Q=f"*{dt}", K=f"*{dt}", V=f"*{dt}", O=f"*{dt}", LSE="*fp32"),
+                      ["qk_scale"], ["CAUSAL", "BLOCK_M", "BLOCK_N", "BLOCK_D", "UPCAST", "PRECISION"]),
+                  dict(flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n), cfg, True))
+    specs.append(("fa2_bwd_preprocess", fa2_bwd._bwd_preprocess,
+                  sig(fa2_bwd._bwd_preprocess, dict(O=f"*{dt}", DO=f"*{dt}", DELTA="*fp32"), [],
+                      ["BLOCK_M", "BLOCK_D"]),
+                  dict(BLOCK_M=64, BLOCK_D=d), configs.Config(64, 0, 4, 1), False))
+    bwd_ptrs = dict(Q=f"*{dt}", K=f"*{dt}", V=f"*{dt}", DO=f"*{dt}", LSE="*fp32", DELTA="*fp32")
+    for name, fn, extra, kname in (
+            ("fa2_bwd_dkdv", fa2_bwd._bwd_dkdv, dict(DK=f"*{dt}", DV=f"*{dt}"), "bwd_dkdv"),
+            ("fa2_bwd_dq", fa2_bwd._bwd_dq, dict(DQ=f"*{dt}"), "bwd_dq")):
+        cfg = configs.arch_config(kname, arch, d, 2)
+        specs.append((name, fn, sig(fn, {**bwd_ptrs, **extra}, ["qk_scale", "scale"],
+                                    ["CAUSAL", "BLOCK_M", "BLOCK_N", "BLOCK_D", "UPCAST", "PRECISION"]),
+                      dict(flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n), cfg, True))
+    cfg = configs.arch_config("decode", arch, d, 2)
+    specs.append(("decode_split", decode._split_kernel,
+                  sig(decode._split_kernel, dict(Q=f"*{dt}", K=f"*{dt}", V=f"*{dt}", SEQLENS="*i32",
+                                                 OP="*fp32", LP="*fp32"),
+                      ["qk_scale"], ["BLOCK_M", "BLOCK_N", "BLOCK_D", "UPCAST", "PRECISION"]),
+                  dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=d, UPCAST=False, PRECISION="ieee"),
+                  cfg, True))
+    specs.append(("decode_combine", decode._combine_kernel,
+                  sig(decode._combine_kernel, dict(OP="*fp32", LP="*fp32", O=f"*{dt}", LSE="*fp32"), [],
+                      ["BLOCK_S", "BLOCK_D"]),
+                  dict(BLOCK_S=16, BLOCK_D=d), configs.Config(1, 0, 4, 1), False))
+    return specs
+
+
+def _config_label(name: str, cfg) -> str:
+    if name == "fa2_bwd_preprocess":
+        return f"M64-w{cfg.num_warps} d{REPORT_HEAD_DIM} {REPORT_DTYPE}"
+    if name == "decode_combine":
+        return f"S16-w{cfg.num_warps} d{REPORT_HEAD_DIM} fp32->{REPORT_DTYPE}"
+    causal = " causal" if name.startswith("fa2") else ""
+    return f"{cfg} d{REPORT_HEAD_DIM} {REPORT_DTYPE}{causal}"
+
+
+def _tool(name: str) -> str:
+    import triton
+    return str(pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def _parse_ptxas_log(log: str, fn_name: str) -> dict:
+    """Registers and spill stores of ``fn_name`` from a ``ptxas -v`` log."""
+    part = log[log.find(f"Compiling entry function '{fn_name}'"):]
+    regs = re.search(r"Used (\d+) registers", part)
+    spill = re.search(r"(\d+) bytes spill stores", part)
+    stack = re.search(r"(\d+) bytes stack frame", part)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "spill_bytes": int(spill.group(1)) if spill else None,
+            "stack_bytes": int(stack.group(1)) if stack else None}
+
+
+def _compile_arch(arch: str) -> list[dict]:
+    """Compile every kernel for ``arch`` (in this process, which must be in Triton's compile mode)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    cc = int(arch.removeprefix("sm_").rstrip("a"))
+    rows = []
+    for name, fn, signature, constexprs, cfg, uses_dot in _kernel_specs(arch):
+        row = {"backend": "triton", "kernel": name, "config": _config_label(name, cfg), "arch": arch,
+               "compiler": f"triton {triton.__version__}", "ok": False, "registers": None, "spill_bytes": None, "shared_bytes": None,
+               "mma_instructions": None, "tensor_cores": uses_dot and cc >= 80, "stack_bytes": None,
+               "error": None, "_sass": ""}
+        # What Triton's JIT would specialise for this problem: pointers and strides (and d = 128) are
+        # multiples of 16; the sequence lengths and head counts are left general.
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                 if signature[n].startswith("*") or n.startswith("stride") or n == "D"}
+        log = io.StringIO()
+        t0 = time.perf_counter()
+        try:
+            with contextlib.redirect_stdout(log):     # TRITON_DUMP_PTXAS_LOG=1 prints ptxas -v here
+                kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs),
+                                        target=GPUTarget("cuda", cc, 32),
+                                        options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        except Exception as exc:                        # a kernel that does not compile is a row too
+            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
+            rows.append(row)
+            continue
+        row["compile_seconds"] = round(time.perf_counter() - t0, 2)
+        row.update(_parse_ptxas_log(log.getvalue(), kernel.name))
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = pathlib.Path(tmp) / f"{name}.cubin"
+            cubin.write_bytes(kernel.asm["cubin"])
+            usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(cubin)],
+                                   capture_output=True, text=True, check=True).stdout
+            sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)],
+                                  capture_output=True, text=True, check=True).stdout
+        static = re.search(r"SHARED:(\d+)", usage)
+        row["shared_bytes"] = int(kernel.metadata.shared) + (int(static.group(1)) if static else 0)
+        if row["registers"] is None:
+            reg = re.search(r"REG:(\d+)", usage)
+            row["registers"] = int(reg.group(1)) if reg else None
+        mma = [ln.strip() for ln in sass.splitlines()
+               if re.search(r"\b(" + "|".join(MMA_OPCODES) + r")\b", ln)]
+        row["mma_instructions"] = len(mma)
+        row["_sass"] = "\n".join(_sass_window(sass, 12))
+        row["ok"] = row["spill_bytes"] is not None
+        rows.append(row)
+    return rows
+
+
+def _sass_window(sass: str, n: int) -> list[str]:
+    """``n`` SASS lines around the first tensor-core instruction (else the first FFMA: sm_75 Triton)."""
+    lines = [re.sub(r"\s+", " ", re.sub(r"/\* 0x[0-9a-f]+ \*/", "", ln)).strip()
+             for ln in sass.splitlines() if "/*" in ln and ";" in ln]
+    pat = re.compile(r"\b(" + "|".join(MMA_OPCODES) + r")\b")
+    first = next((i for i, ln in enumerate(lines) if pat.search(ln)),
+                 next((i for i, ln in enumerate(lines) if " FFMA " in ln), 0))
+    start = max(0, first - 2)
+    return lines[start:start + n]
+
+
+# --------------------------------------------------------------------------------- the child processes
+
+def _source_hash() -> str:
+    h = hashlib.sha256()
+    for path in sorted((_PKG / "kernels" / "triton").glob("*.py")) + [pathlib.Path(__file__).resolve(),
+                                                           _PKG / "hardware.py"]:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    try:
+        from importlib.metadata import version
+        h.update(version("triton").encode())
+    except Exception:                                   # pragma: no cover - triton without metadata
+        pass
+    return h.hexdigest()[:20]
+
+
+def _cache_dir() -> pathlib.Path:
+    root = os.environ.get("FLASHLIB_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "flashlib")
+    path = pathlib.Path(root) / "compile-report"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def _locked(path: pathlib.Path):
+    """An exclusive lock on ``path`` (parallel test workers wait instead of compiling twice)."""
+    try:
+        import fcntl
+    except ImportError:                                 # pragma: no cover - not POSIX: no lock
+        yield
+        return
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _run_child(arch: str) -> list[dict]:
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_ALWAYS_COMPILE="1", TRITON_DUMP_PTXAS_LOG="1",
+               TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"))
+    root = str(_PKG.parent)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else root
+    with tempfile.TemporaryDirectory(prefix="flashlib-report-") as tmp:
+        env["TRITON_CACHE_DIR"] = tmp                   # fresh: no cross-process cache races
+        proc = subprocess.run([sys.executable, "-m", "flashlib.tools.compile_report", "--child", arch],
+                              capture_output=True, text=True, env=env, cwd=tmp)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compiling for {arch} failed in the child process:\n{proc.stderr[-3000:]}")
+    marker = "FLASHLIB-REPORT-JSON:"
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(marker))
+    return json.loads(line[len(marker):])
+
+
+def _arch_rows(arch: str, cache: bool) -> list[dict]:
+    path = _cache_dir() / f"triton-{arch}-{_source_hash()}.json"
+    with _locked(path.parent / f"triton-{arch}.lock"):
+        if cache and path.exists():
+            return json.loads(path.read_text())
+        rows = _run_child(arch)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(rows))
+        os.replace(tmp, path)                           # atomic: readers see all or nothing
+        for stale in path.parent.glob(f"triton-{arch}-*.json"):
+            if stale != path:                           # rows of older kernel sources
+                stale.unlink(missing_ok=True)
+        return rows
+
+
+def _all_rows(archs, cache: bool) -> list[dict]:
+    workers = max(1, min(len(archs), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:   # threads wait on child processes
+        results = list(pool.map(lambda a: _arch_rows(a, cache), archs))
+    return [row for rows in results for row in rows]
+
+
+def triton_rows(archs=ARCHS, *, cache: bool = True) -> list[dict]:
+    """The Triton kernels' rows (see :func:`compile_report`), with the private ``_sass`` excerpts."""
+    return _all_rows(_check_archs(archs), cache)
+
+
+def cuda_rows(archs=ARCHS, *, cache: bool = True) -> list[dict]:
+    """The CUDA C++ kernels' rows (nvcc -cubin per architecture; flashlib.kernels.cuda caches per source)."""
+    from ..kernels import cuda
+    return cuda.compile_rows(tuple(archs))
+
+
+ROW_PRODUCERS: list[Callable] = [triton_rows, cuda_rows]
+
+
+def compile_report(archs=ARCHS, *, cache: bool = True) -> list[dict]:
+    """One row per (kernel, config, arch): what each kernel compiles to on each architecture.
+
+    Args:
+        archs: architectures like ``("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")``.
+        cache: reuse rows cached on disk for these exact kernel sources (False: compile afresh).
+
+    Returns:
+        A list of dicts with keys ``backend`` ("triton"), ``kernel``, ``config`` (block sizes, warps,
+        stages, head dim 128, fp16), ``arch``, ``ok`` (compiled), ``registers`` per thread,
+        ``spill_bytes`` (ptxas spill stores), ``shared_bytes`` (per block), ``mma_instructions``
+        (tensor-core instructions in the SASS), ``tensor_cores`` (whether this row is expected to use
+        them: False for Triton on sm_75, where tl.dot becomes FFMA, and for kernels without a
+        matmul), ``compiler`` (e.g. "triton 3.9.0": the report is true for that version only) — plus
+        ``stack_bytes``, ``compile_seconds`` and ``error`` (None when ok).
+
+    Compiles in child processes (see the module docstring); the first call takes about a minute on
+    two cores, later calls read the cache.
+
+    Explained in: notebooks/07_triton.
+    """
+    archs = _check_archs(archs)
+    rows = []
+    for producer in ROW_PRODUCERS:
+        rows += [{k: v for k, v in row.items() if not k.startswith("_")}
+                 for row in producer(archs, cache=cache)]
+    return rows
+
+
+def compilers(rows) -> str:
+    """One line naming the compilers behind ``rows``: the report holds for these versions only.
+
+    Explained in: notebooks/07_triton."""
+    names = sorted({r.get("compiler", "?") for r in rows})
+    return ("compiled by " + ", ".join(names) + " (a report is true for its compiler versions only: "
+            "another Triton can allocate up to 2x the shared memory or registers)")
+
+
+def sass_excerpt(kernel: str = "fa2_fwd", arch: str = "sm_80") -> str:
+    """A dozen SASS lines of ``kernel`` compiled for ``arch``, around its first tensor-core instruction
+    (HMMA, HGMMA; on sm_75, where Triton's tl.dot has none, around its first FFMA)."""
+    for row in triton_rows((arch,)):
+        if row["kernel"] == kernel:
+            return row["_sass"]
+    raise ValueError(f"kernel must be one of the report's kernels, got {kernel!r}")
+
+
+def format_report(rows) -> str:
+    """The rows as a fixed-width table, after a line naming the compilers (:func:`compilers`)."""
+    cols = [("backend", 7), ("kernel", 18), ("arch", 5), ("config", 30), ("ok", 5), ("registers", 4),
+            ("spill_bytes", 6), ("shared_bytes", 7), ("mma_instructions", 5), ("tensor_cores", 5)]
+    heads = {"registers": "regs", "spill_bytes": "spill", "shared_bytes": "smem", "mma_instructions": "mma",
+             "tensor_cores": "TC"}
+    out = [compilers(rows), "  ".join(f"{heads.get(c, c):<{w}}" for c, w in cols)]
+    for r in rows:
+        out.append("  ".join(f"{str(r.get(c)):<{w}}" for c, w in cols))
+    return "\n".join(out)
+
+
+def summary(rows) -> str:
+    """Per arch and kernel: registers / spill bytes / shared KB (limit), and mma count — one line each."""
+    lines = []
+    for arch in dict.fromkeys(r["arch"] for r in rows):
+        limit = ARCH_SMEM_LIMIT.get(arch)
+        parts = []
+        for r in (r for r in rows if r["arch"] == arch):
+            if not r["ok"]:
+                parts.append(f"{r['kernel']}: FAILED")
+                continue
+            parts.append(f"{r['kernel']} {r['registers']}r/{r['spill_bytes']}sp/"
+                         f"{r['shared_bytes'] / 1024:.0f}KB/{r['mma_instructions']}mma")
+        lines.append(f"{arch} (smem limit {limit} KB): " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def _child_main(arch: str) -> None:
+    from ..kernels.triton import INTERPRET
+    if INTERPRET:
+        raise SystemExit("the compile-report child must run with TRITON_INTERPRET=0")
+    rows = _compile_arch(arch)
+    print("FLASHLIB-REPORT-JSON:" + json.dumps(rows), flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        _child_main(sys.argv[2])
+    else:
+        raise SystemExit("usage: python -m flashlib compile-report  (this module's own entry is internal)")

@@ -1,0 +1,268 @@
+"""``python -m flashlib info`` and ``python -m flashlib check``: what is here, and does it work here.
+
+``info`` lists versions, the device, and each backend with whether it runs on this device: a backend is
+called available only after a small forward through it has run here (a static claim would have said
+"available" for a CUDA backend that could not compile on a real GPU). ``check`` runs every backend
+that can run against the float64 oracle at a few awkward shapes on the present device (a CUDA GPU if
+there is one, else the CPU) — forward, backward and decode — plus, on a GPU, a backward at a realistic
+size (N ~ 1000, d = 128: large enough to use the real kernel configs) run twice and compared bit for
+bit: the class of bug a real H100 found in a kernel that passed every CPU test. It prints a table: the
+first thing a Colab reader runs. ``check`` never crashes: every row ends as pass, FAIL (a wrong
+result), error (an exception, with its reason) or skipped (the backend cannot run on this device, and
+why); the exit status is 0 only if every row that ran passed.
+
+Explained in: notebooks/09_models.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import shutil
+import time
+
+__all__ = ["info", "check", "exit_code", "format_info", "format_check", "format_row", "CHECK_CASES", "DETERMINISM_CASE"]
+
+# (B, H, Hkv, Nq, Nk, d, causal): odd lengths, Nq != Nk both ways, fully-masked rows, GQA, MQA
+CHECK_CASES = [
+    (1, 2, 2, 37, 37, 64, True),
+    (2, 4, 2, 19, 45, 40, False),
+    (1, 2, 1, 45, 19, 59, True),          # causal with Nq > Nk: rows that see nothing
+    (1, 1, 1, 1, 130, 128, False),
+]
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _device():
+    import torch
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _try_backend(name: str, dev) -> tuple[bool, str]:
+    """Run a tiny forward through backend ``name`` on ``dev``: ``(True, description)`` if it ran and
+    gave finite values, else ``(False, why)``."""
+    import torch
+
+    from .. import api
+    backend = api.BACKENDS[name]
+    dtype = torch.float16 if dev.type == "cuda" else torch.float32
+    q, k, v = (torch.randn(1, 2, 5, 16, device=dev).to(dtype) for _ in range(3))
+    try:
+        backend.check(q, "attention")
+        o = api.attention(q, k, v, causal=True, backend=name)
+        if not bool(torch.isfinite(o).all()):
+            return False, f"a {tuple(q.shape)} {str(dtype)[6:]} forward ran but gave non-finite values"
+    except Exception as e:                         # noqa: BLE001 - the reason is what we report
+        return False, f"{type(e).__name__}: {e}"
+    return True, f"{backend.description} (a {str(dtype)[6:]} forward ran here)"
+
+
+def info() -> dict:
+    """Versions, the device, compilers, and per backend ``(available, reason)`` on this device; a
+    backend is available only after a small forward through it ran here."""
+    import torch
+
+    from .. import __version__
+    from ..api import BACKENDS
+    dev = _device()
+    out = {
+        "flashlib": __version__, "python": platform.python_version(), "numpy": _version("numpy"),
+        "torch": torch.__version__, "triton": _version("triton"),
+        "device": "cpu (no CUDA GPU: Triton runs in its interpreter)" if dev.type == "cpu" else
+        f"{torch.cuda.get_device_name(0)} (sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}, "
+        f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs)",
+        "nvcc": shutil.which("nvcc") or "not found", "g++": shutil.which("g++") or "not found",
+        "backends": {name: _try_backend(name, dev) for name in sorted(BACKENDS)},
+    }
+    return out
+
+
+def format_info(d: dict) -> str:
+    lines = [f"{k:>9}: {v}" for k, v in d.items() if k != "backends"]
+    lines.append(" backends:")
+    for name, (ok, why) in d["backends"].items():
+        lines.append(f"   {name:<10} {'available' if ok else 'NOT available'} — {why}")
+    return "\n".join(lines)
+
+
+def _dtypes(dev):
+    import torch
+    if dev.type == "cpu":
+        return [torch.float32, torch.float16]
+    cc = torch.cuda.get_device_capability(dev)
+    return [torch.float32, torch.float16] + ([torch.bfloat16] if cc >= (8, 0) else [])
+
+
+def _inputs(case, dtype, dev, seed):
+    """q, k, v, do of ``case`` (B, H, Hkv, Nq, Nk, d, causal) on ``dev``, drawn on the CPU from ``seed``."""
+    import torch
+    b, h, hkv, nq, nk, d, _ = case
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g).to(dev, dtype)
+            for s in ((b, h, nq, d), (b, hkv, nk, d), (b, hkv, nk, d), (b, h, nq, d))]
+
+
+def _one(backend, case, dtype, dev) -> str:
+    """Forward + backward of one case against the oracle (:func:`flashlib.testing.assert_attention_right`);
+    returns the row's note."""
+    import torch
+
+    from .. import api
+    from ..testing import assert_attention_right
+    q, k, v, do = _inputs(case, dtype, dev, seed=case[3] * 131 + case[4])
+    causal = case[-1]
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    o, lse = api.attention(q, k, v, causal=causal, return_lse=True, backend=backend)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    return assert_attention_right(q, k, v, do, causal=causal, o=o, lse=lse, grads=grads)
+
+
+def _decode_one(backend, dtype, dev) -> str:
+    """A ragged decode (lengths 77, 5 and 0) against the oracle, sequence by sequence."""
+    import numpy as np
+    import torch
+
+    from .. import api
+    from ..testing import assert_close, assert_fa_rule, plain_torch_attention, reference_gqa
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(3, 4, 1, 64, generator=g).to(dev, dtype)
+    kc, vc = (torch.randn(3, 2, 77, 64, generator=g).to(dev, dtype) for _ in range(2))
+    lens = torch.tensor([77, 5, 0], device=dev, dtype=torch.int32)
+    o, lse = api.decode(q, kc, vc, cache_seqlens=lens, return_lse=True, backend=backend)
+    for b, n in enumerate(lens.tolist()):
+        if n == 0:
+            assert_close(o[b].cpu().double(), np.zeros(o[b].shape), atol=0, rtol=0, name="empty o")
+            assert bool(torch.isneginf(lse[b]).all()), "lse of an empty cache must be -inf"
+            continue
+        o_ref, _ = reference_gqa(q[b:b + 1], kc[b:b + 1, :, :n], vc[b:b + 1, :, :n])
+        if dtype == torch.float32:
+            assert_close(o[b:b + 1].cpu().double(), o_ref, atol=2e-5, rtol=2e-5, name="decode o")
+        else:
+            base = plain_torch_attention(q[b:b + 1], kc[b:b + 1, :, :n], vc[b:b + 1, :, :n])
+            assert_fa_rule(o[b:b + 1], base, o_ref, name="decode o")
+    return "ragged cache (77, 5, 0) matches the oracle"
+
+
+# The realistic backward: N ~ 1000 and d = 128 reach the kernels' real GPU configs (a test of 40 tokens
+# never does); GQA and causal with Nq != Nk, so every masking path runs.
+DETERMINISM_CASE = (2, 8, 2, 1000, 1037, 128, True)
+
+
+def _determinism_one(backend, dtype, dev, case=DETERMINISM_CASE) -> str:
+    """The backward of ``case`` twice on the same inputs: bit-for-bit equal, and right (the oracle)."""
+    import torch
+
+    from .. import api
+    from ..testing import assert_attention_right
+    q, k, v, do = _inputs(case, dtype, dev, seed=1234)
+    causal = case[-1]
+    runs = []
+    for _ in range(2):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        o = api.attention(*leaves, causal=causal, backend=backend)
+        runs.append(torch.autograd.grad(o, leaves, do))
+    for n, a, b2 in zip(("dq", "dk", "dv"), *runs):
+        if not torch.equal(a, b2):
+            raise AssertionError(f"{n} differs between two identical backward calls (max "
+                                 f"{(a.double() - b2.double()).abs().max().item():.2e}): not deterministic")
+    assert_attention_right(q, k, v, do, causal=causal, grads=runs[0])
+    return "two backward calls bit-for-bit equal, and right (oracle)"
+
+
+def _cases(dev, backend: str = "triton"):
+    """The check's cases on ``dev``: the awkward shapes, the ragged decode, and on a GPU the realistic
+    backward twice for the backends whose backward runs GPU kernels (on a CPU the interpreter runs one
+    program at a time, and "reference" is NumPy on the CPU wherever its tensors live: nothing races)."""
+    races = dev.type == "cuda" and backend != "reference"
+    return [*CHECK_CASES, "decode", *(["determinism"] if races else [])]
+
+
+def _run_case(name, case, dtype, dev) -> tuple[str, str]:
+    """One row's ``(status, note)``: pass, FAIL (an AssertionError: a wrong result) or error (any other
+    exception, with its reason). Never raises."""
+    try:
+        if case == "decode":
+            note = _decode_one(name, dtype, dev)
+        elif case == "determinism":
+            note = _determinism_one(name, dtype, dev)
+        else:
+            note = _one(name, case, dtype, dev)
+        return "pass", note
+    except AssertionError as e:
+        return "FAIL", str(e)
+    except Exception as e:                         # noqa: BLE001 - check never crashes; it reports
+        return "error", f"{type(e).__name__}: {e}"
+
+
+def check(backends=None, on_row=None) -> list[dict]:
+    """Run each backend that can run here against the oracle; one row per (backend, dtype, case).
+
+    Each row's status is pass, FAIL, error (with the exception) or skipped (the backend cannot run on
+    this device, with why). :func:`exit_code` turns the rows into the command's exit status.
+    ``on_row(row)``, if given, sees each row as soon as it is done (the command line prints it)."""
+    import torch
+
+    from ..api import BACKENDS
+    dev = _device()
+    names = sorted(BACKENDS) if backends is None else list(backends)
+    for name in names:
+        if name not in BACKENDS:
+            raise ValueError(f"backends must name registered backends {sorted(BACKENDS)}, got {name!r}")
+    rows = []
+    for name in names:
+        for dtype in _dtypes(dev):
+            probe = torch.zeros(1, 1, 1, 16, device=dev, dtype=dtype)
+            try:
+                BACKENDS[name].check(probe, "attention")
+            except Exception as e:                 # noqa: BLE001 - reported as "skipped: why"
+                rows.append({"backend": name, "dtype": str(dtype)[6:], "case": "-", "status": "skipped",
+                             "note": f"{type(e).__name__}: {e}", "seconds": 0.0})
+                if on_row:
+                    on_row(rows[-1])
+                continue
+            for case in _cases(dev, name):
+                t0 = time.perf_counter()
+                status, note = _run_case(name, case, dtype, dev)
+                rows.append({"backend": name, "dtype": str(dtype)[6:], "case": _case_name(case),
+                             "status": status, "note": note,
+                             "seconds": round(time.perf_counter() - t0, 2)})
+                if on_row:
+                    on_row(rows[-1])
+    return rows
+
+
+def exit_code(rows) -> int:
+    """0 if every row that ran passed (skipped rows did not run), else 1."""
+    return 0 if all(r["status"] in ("pass", "skipped") for r in rows) else 1
+
+
+def _case_name(case) -> str:
+    if case == "decode":
+        return "decode B3 H4/2 Nq1 Nmax77 d64 ragged"
+    if case == "determinism":
+        return "bwd x2 bitwise " + _case_name(DETERMINISM_CASE)
+    b, h, hkv, nq, nk, d, causal = case
+    return f"B{b} H{h}/{hkv} Nq{nq} Nk{nk} d{d}{' causal' if causal else ''}"
+
+
+CHECK_HEAD = f"{'backend':<10} {'dtype':<9} {'case':<52} {'status':<7} {'s':>6}  note"
+
+
+def format_row(r) -> str:
+    """One row of the check's table."""
+    return (f"{r['backend']:<10} {r['dtype']:<9} {r['case']:<52} {r['status']:<7} {r['seconds']:>6.2f}  "
+            f"{r['note'][:120]}")
+
+
+def format_check(rows, *, head: bool = True) -> str:
+    """The table (``head=False``: only the totals line, for rows already printed one by one)."""
+    lines = [CHECK_HEAD, "-" * len(CHECK_HEAD), *map(format_row, rows)] if head else []
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "FAIL", "error", "skipped")}
+    lines.append(f"{counts['pass']} passed, {counts['FAIL']} failed, {counts['error']} errors, "
+                 f"{counts['skipped']} skipped (cannot run on this device)")
+    return "\n".join(lines)

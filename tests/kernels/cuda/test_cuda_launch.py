@@ -1,0 +1,199 @@
+"""flashlib.kernels.cuda.launch without a GPU: grids within CUDA's limits for any B x H, and the GPU path's
+Python side (torch -> CuPy conversion, compile choice) with CuPy replaced by a fake.
+
+The launch itself (``fn(grid, block, args)``) and NVRTC need a GPU: tests/gpu/test_cuda_gpu.py.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+import flashlib.kernels.cuda as fc
+from flashlib.kernels.cuda import build, launch, toolkit
+from flashlib.hardware import CUDA_GRID_MAX
+
+torch = pytest.importorskip("torch")
+
+
+def all_specs(b, h, hkv, nq, nk, d):
+    """Every kernel's LaunchSpecs at one shape: v1, v2 (f16, bf16), decode split + combine (3 dtypes)."""
+    specs = launch.v1_launch(b, h, hkv, nq, nk, d, 1.0, True)
+    for dt in ("f16", "bf16"):
+        specs += launch.v2_launch(b, h, hkv, nq, nk, d, 1.0, True, dt)
+    for dt in ("f32", "f16", "bf16"):
+        specs += launch.decode_launch(b, h, hkv, 1, nk, d, 1.0, False, 4, dt)
+    return specs
+
+
+# B x H = 131072 (above 65,535 in either factor) and B = 100,000 sequences of 16 tokens.
+@pytest.mark.parametrize("b, h, hkv, n, d", [(131072, 1, 1, 16, 64), (1024, 128, 8, 300, 128),
+                                             (100000, 1, 1, 16, 64), (1, 131072, 1, 2, 16)])
+def test_every_grid_is_within_cuda_limits(b, h, hkv, n, d):
+    specs = all_specs(b, h, hkv, n, n, d)
+    assert {s.kernel for s in specs} == {s.kernel for _, s in fc.compile_configs()}
+    for s in specs:
+        x, y, z = s.grid
+        assert all(1 <= n <= limit for n, limit in zip((x, y, z), CUDA_GRID_MAX)), s
+        bx, by, bz = s.block
+        assert bx * by * bz <= 1024
+    tiles = {"fa2_fwd_v1_f32": -(-n // launch.v1_tile(d)[0]), "fa2_fwd_v2_f16": -(-n // launch.v2_tile(d)[0])}
+    tiles["fa2_fwd_v2_bf16"] = tiles["fa2_fwd_v2_f16"]
+    for s in specs:                                      # one block per (tile | split | row, head, batch)
+        per_bh = tiles.get(s.kernel, 4 if "split" in s.kernel else 1)
+        assert s.grid == (per_bh * h * b, 1, 1), s
+
+
+def test_a_grid_beyond_cudas_limit_is_a_value_error():
+    assert launch.flat_grid(3, 5, 7) == (105, 1, 1)
+    with pytest.raises(ValueError, match="outside CUDA's grid limit"):
+        launch.flat_grid(2 ** 16, 2 ** 16)
+    with pytest.raises(ValueError, match="outside CUDA's grid limit"):
+        launch.decode_launch(2 ** 20, 64, 8, 1, 10, 64, 1.0, False, 2 ** 12, "f16")
+
+
+# ---- the GPU path with CuPy faked ------------------------------------------------------------------
+class FakeCompileError(Exception):
+    pass
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """A stand-in ``cupy``: from_dlpack goes through the tensor's real ``__dlpack__`` (which refuses
+    tensors that require grad, exactly like CuPy's BufferError), devices and streams are no-ops,
+    RawModule records how it was built."""
+    cp = types.ModuleType("cupy")
+    cp.modules = []
+
+    def from_dlpack(t):
+        return torch.utils.dlpack.from_dlpack(t.__dlpack__())   # BufferError if t requires grad
+
+    class Module:
+        def __init__(self, code=None, options=(), backend=None, path=None):
+            self.code, self.options, self.backend, self.path = code, tuple(options), backend, path
+            cp.modules.append(self)
+
+        def compile(self):
+            if cp.nvrtc_fails:
+                raise FakeCompileError("catastrophic error: cannot open source file \"crt/mma.h\"")
+
+        def get_function(self, name):
+            return ("function", name, self)
+
+    class Device:
+        compute_capability = "90"
+
+        def __init__(self, index=None):
+            self.index = index
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    cp.from_dlpack, cp.RawModule, cp.nvrtc_fails = from_dlpack, Module, False
+    cp.cuda = types.SimpleNamespace(Device=Device, ExternalStream=lambda ptr: Device(), Stream=object,
+                                    compiler=types.SimpleNamespace(CompileException=FakeCompileError))
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(launch, "_GPU_MODULES", {})
+    launch._include_dirs.cache_clear()
+    yield cp
+    launch._include_dirs.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_to_cupy_takes_tensors_that_require_grad_and_shares_their_memory(fake_cupy, dtype):
+    t = torch.zeros(2, 3, dtype=dtype, requires_grad=True)
+    with pytest.raises(BufferError):
+        fake_cupy.from_dlpack(t)                         # what run_gpu used to do
+    a = launch.to_cupy(fake_cupy, t)
+    if dtype == torch.float32:
+        a.fill_(1.0)
+    else:                                                # CuPy has no bfloat16: the bytes go as int16
+        assert a.dtype == torch.int16
+        a.fill_(0x3C00)                                  # fp16 1.0; as bf16 the same bits are 2^-7
+    want = 2.0 ** -7 if dtype == torch.bfloat16 else 1.0
+    assert bool((t.detach() == want).all())              # the kernel's writes land in the caller's tensor
+
+
+def test_run_gpu_with_requires_grad_inputs_writes_the_callers_outputs(fake_cupy, monkeypatch):
+    """run_gpu over the buffers forward() builds: every tensor converted, kernels called with the
+    spec's grid, and what the "kernel" writes lands in the caller's o and lse."""
+    q = torch.randn(2, 3, 5, 8, dtype=torch.float16, requires_grad=True)
+    k = v = torch.randn(2, 1, 7, 8, dtype=torch.float16, requires_grad=True)
+    o, lse = torch.zeros_like(q.detach()), torch.zeros(2, 3, 5)
+    specs = launch.v2_launch(2, 3, 1, 5, 7, 8, 0.5, False, "f16")
+    calls = []
+
+    def kernel(grid, block, args, shared_mem):
+        calls.append((grid, block, shared_mem))
+        o_arr, lse_arr = args[3], args[4]
+        assert o_arr.dtype == torch.int16 and lse_arr.dtype == torch.float32
+        o_arr.copy_(torch.full_like(o_arr, 0x3C00))      # fp16 1.0, written through the int16 view
+        lse_arr.fill_(2.5)
+
+    monkeypatch.setattr(launch, "_gpu_function", lambda source, name: kernel)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
+    launch.run_gpu(specs, {"q": q, "k": k, "v": v, "o": o, "lse": lse})
+    assert calls == [(specs[0].grid, specs[0].block, specs[0].shared_bytes)]
+    assert bool((o == 1).all()) and bool((lse == 2.5).all())
+
+
+def test_gpu_module_uses_nvrtc_with_the_found_include_dirs(fake_cupy, monkeypatch, tmp_path):
+    monkeypatch.setattr(toolkit, "find_include_dirs", lambda: [tmp_path / "a", tmp_path / "b"])
+    fn = launch._gpu_function("fa2_fwd_v2_wmma.cu", "fa2_fwd_v2_f16")
+    mod, = fake_cupy.modules
+    assert fn == ("function", "fa2_fwd_v2_f16", mod)
+    assert mod.backend == "nvrtc" and mod.options == ("-std=c++17", f"-I{tmp_path / 'a'}", f"-I{tmp_path / 'b'}")
+    assert mod.code == (build.CSRC / "fa2_fwd_v2_wmma.cu").read_text()
+    launch._gpu_function("fa2_fwd_v2_wmma.cu", "fa2_fwd_v2_bf16")         # cached per (source, arch)
+    assert len(fake_cupy.modules) == 1
+
+
+@pytest.mark.parametrize("why", ["no include dir qualifies", "NVRTC rejects the headers"])
+def test_gpu_module_falls_back_to_nvcc(fake_cupy, monkeypatch, tmp_path, why):
+    found = None if why == "no include dir qualifies" else [tmp_path]
+    fake_cupy.nvrtc_fails = found is not None
+    monkeypatch.setattr(toolkit, "find_include_dirs", lambda: found)
+    monkeypatch.setattr(build, "find_tool", lambda name: "/opt/cuda/bin/nvcc" if name == "nvcc" else None)
+    built = []
+    monkeypatch.setattr(build, "nvcc_cubin", lambda source, arch: built.append((source, arch)) or tmp_path / "k.cubin")
+    launch._gpu_function("decode_splitkv.cu", "decode_split_f16")
+    assert built == [("decode_splitkv.cu", "sm_90")]
+    assert fake_cupy.modules[-1].path == str(tmp_path / "k.cubin")
+
+
+def test_gpu_module_without_headers_or_nvcc_names_what_is_missing(fake_cupy, monkeypatch, tmp_path):
+    cu13 = tmp_path / "site-packages/nvidia/cu13"
+    tried = [toolkit.Candidate("/usr/local/cuda", (), ()),
+             toolkit.Candidate(f"cupy.cuda.get_cuda_path() = {cu13}", (cu13 / "include",),
+                               ("crt/mma.h (included by mma.h)",))]
+    monkeypatch.setattr(toolkit, "find_include_dirs", lambda: None)
+    monkeypatch.setattr(toolkit, "search", lambda stop=True: tried)
+    monkeypatch.setattr(build, "find_tool", lambda name: None)
+    with pytest.raises(RuntimeError) as err:
+        launch._gpu_function("fa2_fwd_v2_wmma.cu", "fa2_fwd_v2_f16")
+    msg = str(err.value)
+    assert "missing crt/mma.h (included by mma.h)" in msg and "/usr/local/cuda: no include folder" in msg
+    assert "nvidia-cuda-nvcc" in msg and "CUDA_PATH" in msg
+
+
+def test_nvrtc_errors_surface_when_there_is_no_nvcc(fake_cupy, monkeypatch, tmp_path):
+    fake_cupy.nvrtc_fails = True
+    monkeypatch.setattr(toolkit, "find_include_dirs", lambda: [tmp_path])
+    monkeypatch.setattr(build, "find_tool", lambda name: None)
+    with pytest.raises(FakeCompileError, match="crt/mma.h"):
+        launch._gpu_function("fa2_fwd_v2_wmma.cu", "fa2_fwd_v2_f16")
+
+
+def test_nvcc_cubin_builds_a_loadable_cubin():
+    from conftest import require
+    require(build.find_tool("nvcc") is not None, "nvcc (CUDA toolkit) is needed to build a cubin")
+    cubin = build.nvcc_cubin("fa2_fwd_v1_scalar.cu", "sm_90")
+    data = cubin.read_bytes()
+    assert data[:4] == b"\x7fELF" and b"fa2_fwd_v1_f32" in data
+    assert build.nvcc_cubin("fa2_fwd_v1_scalar.cu", "sm_90") == cubin         # cached
+    with pytest.raises(ValueError, match="arch must look like"):
+        build.nvcc_cubin("fa2_fwd_v1_scalar.cu", "90")

@@ -1,0 +1,118 @@
+"""The command line: info, check, and usage on unknown arguments."""
+import subprocess
+import sys
+
+import pytest
+
+from flashlib.tools import selfcheck
+from flashlib.__main__ import main
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "flashlib", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_info_lists_versions_device_and_backends():
+    d = selfcheck.info()
+    assert d["torch"].startswith("2.") and d["flashlib"]
+    assert set(d["backends"]) >= {"reference", "triton", "cuda"}
+    assert d["backends"]["reference"][0] is True
+    assert "forward ran here" in d["backends"]["reference"][1]
+    text = selfcheck.format_info(d)
+    assert "backends:" in text and "reference" in text
+
+
+def test_check_passes_for_the_reference_backend():
+    rows = selfcheck.check(["reference"])
+    assert {r["status"] for r in rows} == {"pass"}
+    assert len(rows) == len(selfcheck._dtypes(selfcheck._device())) * len(
+        selfcheck._cases(selfcheck._device(), "reference"))
+    assert selfcheck.format_check(rows).splitlines()[-1].startswith(f"{len(rows)} passed, 0 failed, 0 errors")
+    assert selfcheck.exit_code(rows) == 0
+
+
+def test_check_reports_a_wrong_backend_as_fail(monkeypatch):
+    from flashlib import api
+    real = api.BACKENDS["reference"]
+    broken = api.Backend("broken", lambda *a, **k: tuple(x * 1.01 for x in real.forward(*a, **k)),
+                         real.backward, real.decode, real.check)
+    monkeypatch.setitem(api.BACKENDS, "broken", broken)
+    rows = selfcheck.check(["broken"])
+    assert any(r["status"] == "FAIL" for r in rows)
+    assert selfcheck.exit_code(rows) == 1
+    with pytest.raises(ValueError, match="backends must name registered backends"):
+        selfcheck.check(["nope"])
+
+
+def test_check_never_crashes_a_raising_backend_is_an_error_row(monkeypatch):
+    """On an H100 the cuda backend raised BufferError and `check` died with a traceback."""
+    from flashlib import api
+    real = api.BACKENDS["reference"]
+
+    def explode(*a, **k):
+        raise BufferError("cupy.from_dlpack: tensors that require grad cannot be exported")
+    monkeypatch.setitem(api.BACKENDS, "explodes", api.Backend("explodes", explode, real.backward, explode,
+                                                              real.check))
+    rows = selfcheck.check(["explodes", "reference"])
+    mine = [r for r in rows if r["backend"] == "explodes"]
+    assert mine and {r["status"] for r in mine} == {"error"}
+    assert all("BufferError" in r["note"] for r in mine)
+    assert {r["status"] for r in rows if r["backend"] == "reference"} == {"pass"}   # the rest still ran
+    assert selfcheck.exit_code(rows) == 1
+    assert " errors" in selfcheck.format_check(rows)
+
+
+def test_info_tries_each_backend_instead_of_claiming(monkeypatch):
+    from flashlib import api
+    real = api.BACKENDS["reference"]
+
+    def explode(*a, **k):
+        raise RuntimeError("cannot open source file crt/mma.h")
+    monkeypatch.setitem(api.BACKENDS, "static", api.Backend("static", explode, real.backward, explode,
+                                                            real.check, "claims to work"))
+    ok, why = selfcheck.info()["backends"]["static"]
+    assert ok is False and "crt/mma.h" in why
+
+
+def test_skipped_rows_do_not_fail_the_exit_status():
+    rows = [{"status": "pass"}, {"status": "skipped"}]
+    assert selfcheck.exit_code(rows) == 0
+    assert selfcheck.exit_code(rows + [{"status": "error"}]) == 1
+
+
+def test_determinism_row_catches_a_backward_that_changes_between_calls(monkeypatch):
+    """The realistic-size row (run on a GPU) compares two backward calls bit for bit; here a small case
+    on the reference backend, once honest and once with noise added on every call."""
+    import torch
+
+    from flashlib import api
+    dev = torch.device("cpu")
+    small = (1, 2, 1, 9, 13, 16, True)
+    assert "bit-for-bit" in selfcheck._determinism_one("reference", torch.float32, dev, small)
+    real = api.BACKENDS["reference"]
+    calls = []
+
+    def noisy_backward(*a, **k):
+        calls.append(1)
+        return tuple(g + len(calls) * 1e-7 for g in real.backward(*a, **k))
+    monkeypatch.setitem(api.BACKENDS, "noisy", api.Backend("noisy", real.forward, noisy_backward,
+                                                           real.decode, real.check))
+    with pytest.raises(AssertionError, match="not deterministic"):
+        selfcheck._determinism_one("noisy", torch.float32, dev, small)
+
+
+def test_cli_check_and_info_end_to_end():
+    out = _cli("check", "--backend", "triton")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "passed, 0 failed, 0 errors" in out.stdout.strip().splitlines()[-1]
+    assert "triton" in out.stdout
+    assert _cli("info").returncode == 0
+
+
+def test_unknown_arguments_print_usage():
+    with pytest.raises(SystemExit) as e:
+        main(["check", "--bogus"])
+    assert e.value.code == 2
+    out = _cli("frobnicate")
+    assert out.returncode == 2 and "usage:" in out.stderr
