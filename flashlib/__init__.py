@@ -3,8 +3,9 @@
 The map (each folder one layer; ``python -m flashlib`` is the command line):
 
 * :mod:`flashlib.api` — the public torch functions :func:`attention`, :func:`attention_qkvpacked`,
-  :func:`decode` and their one validator; :mod:`flashlib._ops` — their autograd (torch custom ops);
-  :mod:`flashlib.backends` — the registry and one module per backend ("reference", "triton", "cuda");
+  :func:`decode`; :mod:`flashlib.validation` — their one validator; :mod:`flashlib._ops` — their
+  autograd (torch custom ops); :mod:`flashlib.backends` — the registry and one module per backend
+  ("reference", "triton", "cuda");
 * :mod:`flashlib.ladder` — the NumPy algorithms, one module per chapter: ``naive`` (1), ``softmax`` and
   ``memeff`` (2), ``fa1`` (3), ``fa2`` (4, 5), ``decoding`` (6), and ``iomodel``, the counted HBM/SRAM
   memory model they all report to;
@@ -13,7 +14,8 @@ The map (each folder one layer; ``python -m flashlib`` is the command line):
 * :mod:`flashlib.tools` — the compile report, benchmarks, the self-check, timing and the tool chain;
 * :mod:`flashlib.parallel` — beyond one GPU: ring attention and its process launcher (chapter 10);
 * :mod:`flashlib.auto` (route torch SDPA to flashlib), :mod:`flashlib.models` (chapter 9),
-  :mod:`flashlib.hardware` (GPU facts), :mod:`flashlib.testing` (the float64 oracle and the checkers).
+  :mod:`flashlib.hardware` (GPU facts), :mod:`flashlib.testing` (the float64 oracle and the checkers;
+  ``testing.ring``, the ring attention harness).
 
 The ladder's modules are also reachable under their short names (``flashlib.fa2``,
 ``import flashlib.naive``), as the chapters first introduce them.

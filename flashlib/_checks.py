@@ -1,16 +1,18 @@
-"""Argument checks and the causal mask shared by every ladder algorithm.
+"""Argument checks shared by every ladder algorithm (NumPy arrays in).
 
 Bad input is refused here, with the argument's name, what was expected and what came, so that no
-algorithm fails deep inside NumPy with an unrelated message.  Explained in: notebooks/01_naive_attention.
+algorithm fails deep inside NumPy with an unrelated message. The scale and block-size checks are
+the torch API's too: one definition each, in :mod:`flashlib.validation`. The causal mask is
+:mod:`flashlib.ladder.masks`. Explained in: notebooks/01_naive_attention.
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
-__all__ = ["as_array", "check_qkv", "check_scale", "check_block", "check_io", "causal_mask",
-           "block_hidden", "out_dtype", "acc_dtype"]
+from .validation import check_block, check_scale
+
+__all__ = ["as_array", "check_qkv", "check_like", "check_scale", "check_block", "check_io", "out_dtype",
+           "acc_dtype"]
 
 
 def as_array(x, name: str) -> np.ndarray:
@@ -58,30 +60,6 @@ def check_like(x, name: str, shape) -> np.ndarray:
     return x
 
 
-def check_scale(scale, d: int) -> float:
-    """The softmax scale: ``d ** -0.5`` when None, else a finite real number."""
-    if scale is None:
-        return float(d) ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    if not np.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
-    return float(scale)
-
-
-def check_block(value, name: str, default: int | None = None) -> int:
-    """A block size: a positive int (``default`` when None)."""
-    if value is None:
-        if default is None:
-            raise ValueError(f"{name} is required")
-        return default
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value}")
-    return int(value)
-
-
 def check_io(io):
     """An :class:`~flashlib.ladder.iomodel.IOCounter`, or a fresh one that nobody reads when None."""
     from .ladder.iomodel import IOCounter
@@ -90,21 +68,6 @@ def check_io(io):
     if not isinstance(io, IOCounter):
         raise TypeError(f"io must be a flashlib.ladder.iomodel.IOCounter or None, got {type(io).__name__}")
     return io
-
-
-def causal_mask(q0: int, q1: int, k0: int, k1: int, nq: int, nk: int) -> np.ndarray:
-    """Boolean ``(q1 - q0, k1 - k0)``: True where query i may see key j.
-
-    Bottom-right alignment (flash-attn >= 2.1): query i sees key j iff ``j <= i + nk - nq``.
-    """
-    i = np.arange(q0, q1)[:, None]
-    j = np.arange(k0, k1)[None, :]
-    return j <= i + (nk - nq)
-
-
-def block_hidden(q0: int, q1: int, k0: int, nq: int, nk: int) -> bool:
-    """True when the causal mask hides every key of a block starting at ``k0`` from queries [q0, q1)."""
-    return k0 > (q1 - 1) + (nk - nq)
 
 
 def acc_dtype(*arrays) -> np.dtype:

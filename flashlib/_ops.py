@@ -1,10 +1,10 @@
-"""flashlib's torch ops: the autograd layer of :func:`flashlib.attention` (imported on first use).
+"""flashlib's torch ops: all of the autograd of :func:`flashlib.attention` (imported on first use).
 
 With torch >= 2.4, two :mod:`torch.library` custom ops, ``flashlib::attention_fwd`` and
 ``flashlib::attention_bwd``, each with a fake (shape-only) implementation and the forward's autograd
 registered, so that ``torch.compile`` sees ``flashlib.attention`` as one opaque op, without graph
-breaks. With an older torch, the same two steps as a plain :class:`torch.autograd.Function`. The
-backend travels as its name in :data:`flashlib.api.BACKENDS`.
+breaks. With an older torch, the same two steps as a plain :class:`torch.autograd.Function`. Both
+call a backend of :mod:`flashlib.backends`, which travels through the op as its registry name.
 
 Explained in: notebooks/07_triton.
 """
@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from .api import _bwd_impl, _fwd_impl, _lse_dtype, _setup_context
+from .backends import BACKENDS
 
 # Calling a torch custom op imports triton (torch looks for Triton kernels). Triton's mode is fixed by
 # its first import, so flashlib.kernels.triton must choose it first (interpreter when there is no GPU).
@@ -23,6 +23,31 @@ if "triton" not in sys.modules and importlib.util.find_spec("triton") is not Non
     from .kernels import triton as _flashlib_triton  # noqa: F401
 
 __all__ = ["attention_op"]
+
+
+def _blocks(block_q: int, block_k: int):
+    return (block_q or None, block_k or None)      # 0 travels through the op as "not chosen"
+
+
+def _fwd_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
+    o, lse = BACKENDS[backend].forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
+                                       blocks=_blocks(block_q, block_k))
+    return o.contiguous(), lse.contiguous()         # the op's promise (see its fake below)
+
+
+def _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k):
+    grads = BACKENDS[backend].backward(q, k, v, o, lse, do, causal=causal, scale=scale,
+                                       allow_tf32=allow_tf32, blocks=_blocks(block_q, block_k))
+    return tuple(g.contiguous() for g in grads)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *args = inputs                           # causal, scale, allow_tf32, backend, blocks
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.args = tuple(args)
+    ctx.mark_non_differentiable(lse)                   # lse is an output to read, not to train
+
 
 if hasattr(torch.library, "custom_op"):
     @torch.library.custom_op("flashlib::attention_fwd", mutates_args=(), schema=(
@@ -35,7 +60,8 @@ if hasattr(torch.library, "custom_op"):
     def _(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
         # Contiguous, whatever q's strides: the real op returns contiguous tensors too, and
         # torch.compile plans views from these strides.
-        return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
+        lse_dtype = torch.promote_types(q.dtype, torch.float32)     # float32; float64 stays float64
+        return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=lse_dtype)
 
     @torch.library.custom_op("flashlib::attention_bwd", mutates_args=(), schema=(
         "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, float scale,"

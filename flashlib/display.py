@@ -10,7 +10,11 @@ __all__ = ["show"]
 
 
 def show(obj):
-    """The source of ``obj`` (a function, class or module), highlighted in a notebook, plain elsewhere."""
+    """The source of ``obj`` (a function, class or module), highlighted in a notebook, plain elsewhere.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/test_display.py.
+    """
     if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismodule(obj)
             or inspect.ismethod(obj)):
         raise TypeError(f"obj must be a function, class, method or module, got {type(obj).__name__}")

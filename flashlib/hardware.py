@@ -17,7 +17,11 @@ __all__ = ["GPU", "GPUS", "ARCH_SMEM_LIMIT", "CUDA_GRID_MAX", "flat_programs", "
 
 @dataclass(frozen=True)
 class GPU:
-    """One GPU's published peak figures."""
+    """One GPU's published peak figures.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/test_hardware.py.
+    """
     name: str
     arch: str                   # compute capability, e.g. "sm_80"
     fp16_tflops: float          # dense fp16 tensor-core TFLOP/s
@@ -53,6 +57,8 @@ def flat_programs(*counts: int) -> int:
     outside ``1 .. 2^31 - 1``; a tensor needing more would not fit in any GPU's memory).
 
     Explained in: notebooks/07_triton and notebooks/08_cuda.
+
+    Tested in: tests/test_hardware.py.
     """
     try:
         n = math.prod(operator.index(c) for c in counts)      # Python or NumPy integers
@@ -65,12 +71,20 @@ def flat_programs(*counts: int) -> int:
 
 
 def get(name: str) -> GPU:
-    """The GPU called ``name`` (one of :data:`GPUS`), or a ValueError listing the names."""
+    """The GPU called ``name`` (one of :data:`GPUS`), or a ValueError listing the names.
+
+    Explained in: notebooks/03_flashattention1.
+    Tested in: tests/test_hardware.py.
+    """
     if name not in GPUS:
         raise ValueError(f"name must be one of {sorted(GPUS)}, got {name!r}")
     return GPUS[name]
 
 
 def ridge_point(tflops: float, bandwidth_gbs: float) -> float:
-    """FLOP per byte at which compute time equals memory time: ``peak FLOP/s / bytes/s``."""
+    """FLOP per byte at which compute time equals memory time: ``peak FLOP/s / bytes/s``.
+
+    Explained in: book/gpu_memory.
+    Tested in: tests/test_hardware.py.
+    """
     return tflops * 1e12 / (bandwidth_gbs * 1e9)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
-import shutil
 
 import pytest
 
@@ -39,22 +38,12 @@ def require(available: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
-def _triton_bin() -> pathlib.Path | None:
-    spec = importlib.util.find_spec("triton")        # located without importing triton (its mode)
-    if spec is None or spec.origin is None:
-        return None
-    return pathlib.Path(spec.origin).parent / "backends" / "nvidia" / "bin"
-
-
 def require_tool(name: str) -> str:
-    """The path of executable ``name`` (on PATH, or shipped in the triton wheel: ptxas, cuobjdump,
-    nvdisasm), else skip/fail via :func:`require`."""
-    path = shutil.which(name)
-    if path is None:
-        tb = _triton_bin()
-        if tb is not None and (tb / name).is_file() and os.access(tb / name, os.X_OK):
-            path = str(tb / name)
-    require(path is not None, f"{name} not found on PATH or in the triton wheel")
+    """The path of tool ``name`` where flashlib itself finds it (flashlib.tools.toolchain.find_tool: PATH,
+    the CUDA toolkit's folders, the triton wheel), else skip/fail via :func:`require`."""
+    from flashlib.tools.toolchain import find_tool
+    path = find_tool(name)
+    require(path is not None, f"{name} not found (looked where flashlib.tools.toolchain.find_tool looks)")
     return path
 
 

@@ -25,3 +25,9 @@ def test_flat_programs_checks_cudas_grid_limit_and_its_arguments():
             flat_programs(*counts)
     with pytest.raises(TypeError, match="counts must be integers"):
         flat_programs(3, 2.5)
+
+
+def test_ridge_point_is_peak_flops_over_bandwidth():
+    h100 = hardware.get("H100-SXM")
+    assert hardware.ridge_point(h100.fp16_tflops, h100.bandwidth_gbs) == pytest.approx(989e12 / 3350e9)
+    assert hardware.ridge_point(100.0, 1000.0) == pytest.approx(100.0)   # 1e14 FLOP/s over 1e12 B/s

@@ -1,11 +1,15 @@
-"""flashlib._ops (torch.library custom ops): a module calling flashlib.attention compiles with no graph break.
+"""flashlib._ops, all of flashlib.attention's autograd: the torch.library custom ops pass torch's
+opcheck, call the chosen backend's forward and backward, and compile with no graph break.
 
 On conftest's DEVICE: the op runs the compiled Triton kernels on a GPU machine, the reference on a CPU.
 """
+import pytest
 import torch
 
 import flashlib
+from api_cases import make_qkv, run_python
 from conftest import DEVICE
+from flashlib.backends import BACKENDS, Backend, registered
 
 
 class Block(torch.nn.Module):
@@ -35,3 +39,71 @@ def test_compiled_module_matches_eager_forward_and_backward():
     (g_comp,) = torch.autograd.grad(compiled.sum(), x)
     torch.testing.assert_close(compiled, eager)
     torch.testing.assert_close(g_comp, g_eager)
+
+
+def test_the_op_calls_the_backends_forward_and_backward_by_its_name():
+    """The backend travels through the op as its registry name; the backward runs the same backend,
+    and what it returns is made contiguous (the op's promise to torch.compile)."""
+    ref, calls = BACKENDS["reference"], []
+
+    def forward(*args, **kwargs):
+        calls.append("forward")
+        o, lse = ref.forward(*args, **kwargs)
+        return o.transpose(-1, -2).contiguous().transpose(-1, -2), lse       # not contiguous
+
+    def backward(*args, **kwargs):
+        calls.append(("backward", kwargs["blocks"]))
+        return ref.backward(*args, **kwargs)
+
+    q, k, v = make_qkv(H=2, HKV=1, NQ=5, NK=7, D=8, dtype=torch.float32, grad=True)
+    with registered(Backend("traced", forward, backward, ref.decode, ref.check)):
+        o = flashlib.attention(q, k, v, causal=True, backend="traced", block_q=4)
+        assert o.is_contiguous()
+        o.sum().backward()
+    assert calls == ["forward", ("backward", (4, None))]      # block_k=None travels as 0, comes back None
+    q2, k2, v2 = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    flashlib.attention(q2, k2, v2, causal=True, backend="reference", block_q=4).sum().backward()
+    for a, b in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad)):
+        assert torch.equal(a, b)
+
+
+def test_custom_op_passes_torch_opcheck():
+    q, k, v = make_qkv(dtype=torch.float32, grad=True)
+    flashlib.attention(q, k, v, backend="reference")             # registers the ops on first use
+    torch.library.opcheck(torch.ops.flashlib.attention_fwd.default,
+                          (q, k, v, True, 0.25, False, "reference", 0, 0))
+    torch.library.opcheck(torch.ops.flashlib.attention_fwd.default,
+                          (q, k, v, False, 0.25, False, "reference", 5, 3))      # user blocks
+
+
+def test_attention_compiles_without_graph_breaks():
+    """torch.compile(fullgraph=True) fails on any graph break: the custom op keeps attention whole."""
+    q, k, v = make_qkv(NQ=9, NK=12, D=16, dtype=torch.float32, grad=True)
+
+    def loss(q, k, v):
+        return flashlib.attention(q, k, v, causal=True, backend="reference").square().sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    out = compiled(q, k, v)
+    out.backward()
+    grads = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    expected = loss(q, k, v)
+    expected.backward()
+    assert torch.allclose(out, expected, atol=1e-5)
+    assert all(torch.allclose(a, x.grad, atol=1e-5) for a, x in zip(grads, (q, k, v)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only situation")
+def test_reference_first_then_triton_on_cpu_in_one_process():
+    """Calling a torch custom op imports triton; flashlib must have chosen Triton's mode before that."""
+    r = run_python("""
+        import torch, flashlib
+        q = torch.randn(1, 2, 5, 16)
+        a = flashlib.attention(q, q, q, backend="reference")
+        b = flashlib.attention(q, q, q, backend="triton")
+        print("SAME", bool(torch.allclose(a, b, atol=1e-5)))
+        """)
+    assert r.returncode == 0, r.stderr
+    assert "SAME True" in r.stdout

@@ -25,7 +25,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-__all__ = ["enable", "disable", "enabled", "is_enabled", "stats", "route_reason"]
+__all__ = ["enable", "disable", "enabled", "is_enabled", "stats", "route_reason", "scaled_dot_product_attention",
+           "top_left_causal"]
 
 _original = None            # the function object enable() replaced; None while disabled
 stats = {"routed": 0, "fallback": 0}
@@ -34,7 +35,11 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def route_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                  enable_gqa=False) -> str | None:
-    """``None`` when flashlib can take this SDPA call, else why it falls back to the original."""
+    """``None`` when flashlib can take this SDPA call, else why it falls back to the original.
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/auto/test_auto.py.
+    """
     ts = (query, key, value)
     if not all(isinstance(t, torch.Tensor) for t in ts):
         return "query, key and value must all be tensors"
@@ -63,8 +68,14 @@ def route_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     return None
 
 
-def _sdpa_top_left_causal(q, k, v, scale):
-    """SDPA's top-left ``is_causal`` from flashlib's bottom-right ``causal``.  (B, H, Nq, d)"""
+def top_left_causal(q, k, v, scale):
+    """SDPA's top-left ``is_causal`` (query i sees key j iff j <= i) from flashlib's bottom-right
+    ``causal``, for ``(B, H, Nq, d)`` tensors: keys past Nq are cut off when Nq <= Nk; when Nq > Nk the
+    first Nk queries are a square causal problem and the rest see every key.
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/auto/test_auto.py.
+    """
     from .. import attention
     nq, nk = q.shape[-2], k.shape[-2]
     if nq <= nk:                     # keys >= Nq are in every query's future: a square problem
@@ -74,29 +85,45 @@ def _sdpa_top_left_causal(q, k, v, scale):
     return torch.cat([head, tail], dim=-2)
 
 
-def _router(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-            enable_gqa=False):
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    """What :func:`enable` puts in the place of ``torch.nn.functional.scaled_dot_product_attention``:
+    SDPA's signature and semantics (top-left ``is_causal``), computed by :func:`flashlib.attention`
+    when :func:`route_reason` finds nothing against it, else by the original SDPA (counted in
+    :data:`stats`).
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/auto/test_auto.py.
+    """
     if route_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         stats["fallback"] += 1
         return _original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     stats["routed"] += 1
     if is_causal:
-        return _sdpa_top_left_causal(query, key, value, scale)
+        return top_left_causal(query, key, value, scale)
     from .. import attention
     return attention(query, key, value, causal=False, scale=scale)
 
 
 def enable() -> None:
-    """Route supported SDPA calls to flashlib (idempotent)."""
+    """Route supported SDPA calls to flashlib (idempotent).
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/auto/test_auto.py.
+    """
     global _original
     if _original is None:
         _original = F.scaled_dot_product_attention
-        F.scaled_dot_product_attention = _router
+        F.scaled_dot_product_attention = scaled_dot_product_attention
 
 
 def disable() -> None:
-    """Restore the original ``torch.nn.functional.scaled_dot_product_attention`` object (idempotent)."""
+    """Restore the original ``torch.nn.functional.scaled_dot_product_attention`` object (idempotent).
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/auto/test_auto.py.
+    """
     global _original
     if _original is not None:
         F.scaled_dot_product_attention = _original
@@ -104,13 +131,21 @@ def disable() -> None:
 
 
 def is_enabled() -> bool:
-    """Whether SDPA is currently routed."""
+    """Whether SDPA is currently routed.
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/auto/test_auto.py.
+    """
     return _original is not None
 
 
 @contextlib.contextmanager
 def enabled():
-    """Route SDPA inside a ``with`` block; the state before the block is restored after it."""
+    """Route SDPA inside a ``with`` block; the state before the block is restored after it.
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/auto/test_auto.py.
+    """
     was = is_enabled()
     enable()
     try:

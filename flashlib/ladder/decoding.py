@@ -14,7 +14,9 @@ import numbers
 
 import numpy as np
 
-from .._checks import (acc_dtype, causal_mask, check_io, check_qkv, check_scale, out_dtype)
+from .._checks import acc_dtype, check_io, check_qkv, check_scale, out_dtype
+from ..validation import check_num_splits
+from .masks import causal_mask
 from .softmax import divide_rows, lse_from_state, safe_exp_diff
 
 __all__ = ["forward", "combine", "split_bounds", "choose_num_splits"]
@@ -24,6 +26,9 @@ def split_bounds(nk: int, num_splits: int) -> list[tuple[int, int]]:
     """Key ranges ``[(start, stop), ...]`` of ``num_splits`` near-equal contiguous chunks of ``nk`` keys.
 
     Chunks are empty when ``num_splits > nk``; an empty split contributes ``(0, -inf)``.
+
+    Explained in: notebooks/06_flash_decoding.
+    Tested in: tests/ladder/test_decoding.py.
     """
     edges = [(s * nk) // num_splits for s in range(num_splits + 1)]
     return list(zip(edges[:-1], edges[1:]))
@@ -55,12 +60,11 @@ def forward(q, k, v, *, num_splits, causal=False, scale=None, io=None):
         ``(o, lse)`` as :func:`flashlib.ladder.fa2.forward`.
 
     Explained in: notebooks/06_flash_decoding.
+
+    Tested in: tests/ladder/test_decoding.py.
     """
     q, k, v = check_qkv(q, k, v)
-    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
-        raise TypeError(f"num_splits must be an int >= 1, got {type(num_splits).__name__}")
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be an int >= 1, got {num_splits}")
+    num_splits = check_num_splits(num_splits)
     scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v)
     nk = k.shape[-2]
     o_parts = np.empty((num_splits, *q.shape[:-1], v.shape[-1]), dtype=acc)  # in HBM
@@ -88,6 +92,8 @@ def combine(o_parts, lse_parts, *, io=None):
         ``(o, lse)``; where every split has ``LSE_s = -inf``, ``o = 0`` and ``lse = -inf``.
 
     Explained in: notebooks/06_flash_decoding (and reused by ring attention).
+
+    Tested in: tests/ladder/test_decoding.py.
     """
     o_parts, lse_parts = np.asarray(o_parts), np.asarray(lse_parts)
     for name, x in (("o_parts", o_parts), ("lse_parts", lse_parts)):
@@ -119,6 +125,8 @@ def choose_num_splits(batch_heads: int, n_query_blocks: int, nk: int, num_sms: i
     keeps at least ``block_k`` keys and at most ``max_splits`` splits exist.
 
     Explained in: notebooks/06_flash_decoding.
+
+    Tested in: tests/ladder/test_decoding.py.
     """
     for name, val in (("batch_heads", batch_heads), ("n_query_blocks", n_query_blocks), ("nk", nk),
                       ("num_sms", num_sms), ("block_k", block_k), ("max_splits", max_splits)):

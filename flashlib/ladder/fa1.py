@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import (acc_dtype, block_hidden, causal_mask, check_block, check_io, check_qkv,
-                      check_scale, out_dtype)
+from .._checks import acc_dtype, check_block, check_io, check_qkv, check_scale, out_dtype
+from .masks import block_hidden, causal_mask
 from .softmax import divide_rows, safe_exp_diff
 
 __all__ = ["forward", "paper_block_sizes"]
@@ -30,6 +30,8 @@ def paper_block_sizes(sram_bytes: int, d: int, bytes_per_element: int = 2) -> tu
 
     Raises ValueError when M < 4d: not even one row of K_j, V_j, Q_i and O_i fits.
     Explained in: notebooks/03_flashattention1.
+
+    Tested in: tests/ladder/test_fa1.py.
     """
     m = int(sram_bytes) // bytes_per_element                       # M, in elements
     if m < 4 * d:
@@ -55,6 +57,8 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, sr
         ``o (..., Nq, dv)``; rows that see no key are 0.
 
     Explained in: notebooks/03_flashattention1.
+
+    Tested in: tests/ladder/test_fa1.py.
     """
     q, k, v = check_qkv(q, k, v)
     scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import (acc_dtype, block_hidden, causal_mask, check_block, check_io, check_like,
-                      check_qkv, check_scale, out_dtype)
+from .._checks import (acc_dtype, check_block, check_io, check_like, check_qkv, check_scale,
+                      out_dtype)
+from .masks import block_hidden, causal_mask
 from .softmax import divide_rows, lse_from_state, safe_exp_diff
 
 __all__ = ["forward", "backward"]
@@ -44,6 +45,8 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, io
         scores (``-inf`` and ``o = 0`` for a row that sees no key).
 
     Explained in: notebooks/04_flashattention2.
+
+    Tested in: tests/ladder/test_fa2.py.
     """
     q, k, v = check_qkv(q, k, v)
     scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v)
@@ -90,6 +93,8 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_q=None, blo
         ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``; rows with ``lse = -inf`` contribute nothing.
 
     Explained in: notebooks/05_backward.
+
+    Tested in: tests/ladder/test_fa2.py.
     """
     q, k, v = check_qkv(q, k, v)
     o = check_like(o, "o", (*q.shape[:-1], v.shape[-1]))

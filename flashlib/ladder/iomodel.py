@@ -19,7 +19,11 @@ __all__ = ["IOCounter", "SRAMOverflowError"]
 
 
 class SRAMOverflowError(ValueError):
-    """A step of an algorithm needs more on-chip memory than the counter's ``sram_bytes``."""
+    """A step of an algorithm needs more on-chip memory than the counter's ``sram_bytes``.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/ladder/test_iomodel.py.
+    """
 
 
 def _elements_per_problem(tile: np.ndarray) -> int:
@@ -48,6 +52,8 @@ class IOCounter:
             exp, max, rescaling, division), for the FA1-vs-FA2 comparison.
 
     Explained in: notebooks/01_naive_attention.
+
+    Tested in: tests/ladder/test_iomodel.py.
     """
 
     def __init__(self, bytes_per_element: int = 2, sram_bytes: int | None = None):

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import (acc_dtype, causal_mask, check_block, check_io, check_qkv, check_scale,
-                      out_dtype)
+from .._checks import acc_dtype, check_block, check_io, check_qkv, check_scale, out_dtype
+from .masks import causal_mask
 from .softmax import divide_rows, lse_from_state, merge, safe_exp_diff
 
 __all__ = ["lse_first", "chunked"]
@@ -33,6 +33,8 @@ def lse_first(q, k, v, *, causal=False, scale=None, block_k=64, io=None):
     """Two-pass attention: the log-sum-exp first, then ``sum_j exp(S_j - lse) V_j``.
 
     Returns ``(o, lse)`` as :func:`flashlib.ladder.fa2.forward`. Explained in: notebooks/02_online_softmax.
+
+    Tested in: tests/ladder/test_memeff.py.
     """
     q, k, v = check_qkv(q, k, v)
     scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v)
@@ -69,6 +71,8 @@ def chunked(q, k, v, *, causal=False, scale=None, query_chunk=1024, key_chunk=40
     summed (their ``chunk_scanner``/combination step). Returns ``(o, lse)``.
 
     Explained in: notebooks/02_online_softmax.
+
+    Tested in: tests/ladder/test_memeff.py.
     """
     q, k, v = check_qkv(q, k, v)
     scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v)

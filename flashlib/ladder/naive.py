@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import (acc_dtype, causal_mask, check_io, check_like, check_qkv, check_scale,
-                      out_dtype)
+from .._checks import acc_dtype, check_io, check_like, check_qkv, check_scale, out_dtype
+from .masks import causal_mask
 from .softmax import divide_rows
 
 __all__ = ["attention", "backward"]
@@ -53,6 +53,8 @@ def attention(q, k, v, *, causal=False, scale=None, io=None):
         ``o (..., Nq, dv)`` in the inputs' dtype; rows that see no key are 0.
 
     Explained in: notebooks/01_naive_attention.
+
+    Tested in: tests/ladder/test_naive.py.
     """
     q, k, v = check_qkv(q, k, v)
     scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v)
@@ -76,6 +78,8 @@ def backward(q, k, v, o, do, *, causal=False, scale=None, io=None):
         ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``; rows that see no key give zero gradients.
 
     Explained in: notebooks/05_backward.
+
+    Tested in: tests/ladder/test_naive.py.
     """
     q, k, v = check_qkv(q, k, v)
     o = check_like(o, "o", (*q.shape[:-1], v.shape[-1]))

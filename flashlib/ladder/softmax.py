@@ -30,14 +30,22 @@ def _check(x, name="x"):
 
 
 def safe_exp_diff(a, b):
-    """``exp(a - b)`` with ``exp(-inf - (-inf)) = 0`` instead of NaN (both states empty)."""
+    """``exp(a - b)`` with ``exp(-inf - (-inf)) = 0`` instead of NaN (both states empty).
+
+    Explained in: notebooks/02_online_softmax.
+    Tested in: tests/ladder/test_softmax.py.
+    """
     b_safe = np.where(np.isneginf(b), 0.0, b)
     with np.errstate(invalid="ignore"):
         return np.where(np.isneginf(a), 0.0, np.exp(a - b_safe))
 
 
 def divide_rows(num, l):
-    """``num / l``, with 0 where ``l == 0`` (a row that saw no key); NaN still propagates."""
+    """``num / l``, with 0 where ``l == 0`` (a row that saw no key); NaN still propagates.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/ladder/test_softmax.py.
+    """
     return np.divide(num, l, out=np.zeros(np.broadcast_shapes(num.shape, l.shape),
                                           np.result_type(num, l)), where=l != 0)
 
@@ -46,6 +54,8 @@ def naive_softmax(x):
     """``exp(x) / sum(exp(x))`` along the last axis, in ``x``'s dtype — no max subtracted.
 
     Explained in: notebooks/02_online_softmax (it overflows).
+
+    Tested in: tests/ladder/test_softmax.py.
     """
     x = _check(x)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -54,7 +64,10 @@ def naive_softmax(x):
 
 
 def safe_softmax(x):
-    """Safe softmax in three passes over the last axis. Explained in: notebooks/02_online_softmax."""
+    """Safe softmax in three passes over the last axis. Explained in: notebooks/02_online_softmax.
+
+    Tested in: tests/ladder/test_softmax.py.
+    """
     x = _check(x)
     m = x.max(axis=-1, keepdims=True)                      # pass 1: m = max_j x_j
     e = safe_exp_diff(x, m)                                # pass 2: l = sum_j exp(x_j - m)
@@ -71,6 +84,8 @@ def online_state(x):
         for j in 1..V:  m_j = max(m_{j-1}, x_j);  l_j = l_{j-1} * exp(m_{j-1} - m_j) + exp(x_j - m_j)
 
     Returns ``(m, l)`` shaped like ``x`` without its last axis. Explained in: notebooks/02_online_softmax.
+
+    Tested in: tests/ladder/test_softmax.py.
     """
     x = _check(x)
     m = np.full(x.shape[:-1], -np.inf, dtype=x.dtype)      # line 1: m_0 = -inf
@@ -86,6 +101,8 @@ def online_softmax(x):
     """Two-pass online softmax (Milakov & Gimelshein 2018, Algorithm 3).
 
     Explained in: notebooks/02_online_softmax.
+
+    Tested in: tests/ladder/test_softmax.py.
     """
     m, l = online_state(x)                                 # pass 1 (lines 1-6)
     e = safe_exp_diff(x, m[..., None])                     # pass 2 (lines 7-9): exp(x_j - m_V) / d_V
@@ -97,20 +114,30 @@ def merge(m_a, l_a, m_b, l_b):
 
     ``m = max(m_a, m_b)``, ``l = l_a exp(m_a - m) + l_b exp(m_b - m)``. Associative and commutative,
     with identity ``(-inf, 0)``. Explained in: notebooks/02_online_softmax.
+
+    Tested in: tests/ladder/test_softmax.py.
     """
     m = np.maximum(m_a, m_b)
     return m, l_a * safe_exp_diff(m_a, m) + l_b * safe_exp_diff(m_b, m)
 
 
 def lse_from_state(m, l):
-    """``log(sum(exp(x))) = m + log(l)``; ``-inf`` for an empty state (``l = 0``)."""
+    """``log(sum(exp(x))) = m + log(l)``; ``-inf`` for an empty state (``l = 0``).
+
+    Explained in: notebooks/02_online_softmax.
+    Tested in: tests/ladder/test_softmax.py.
+    """
     m = np.asarray(m)
     with np.errstate(divide="ignore"):
         return np.where(np.asarray(l) == 0, -np.inf, np.where(np.isneginf(m), 0.0, m) + np.log(l))
 
 
 def logsumexp(x, axis=-1):
-    """Stable ``log(sum(exp(x)))`` along ``axis``; ``-inf`` where every entry is ``-inf``."""
+    """Stable ``log(sum(exp(x)))`` along ``axis``; ``-inf`` where every entry is ``-inf``.
+
+    Explained in: notebooks/02_online_softmax.
+    Tested in: tests/ladder/test_softmax.py.
+    """
     x = _check(x)
     m = x.max(axis=axis, keepdims=True)
     l = safe_exp_diff(x, m).sum(axis=axis, keepdims=True)

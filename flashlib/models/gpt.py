@@ -12,8 +12,14 @@ each on a residual path), a final LayerNorm and a head tied to the token embeddi
 
 Self-attention is square (as many queries as keys), where flashlib's bottom-right causal mask and
 SDPA's top-left ``is_causal`` are the same mask. Queries may have more heads than keys and values
-(GQA, ``n_kv_head``). There is no dropout: flashlib's attention has none, and a model that compares
-attention implementations step by step must be deterministic.
+(GQA, ``n_kv_head``). With as many kv heads as query heads, the fused QKV projection's output is
+flash-attn's packed layout ``(B, T, 3, H, hs)``, and "flashlib" hands it whole to
+:func:`flashlib.attention_qkvpacked`. There is no dropout: flashlib's attention has none, and a model
+that compares attention implementations step by step must be deterministic.
+
+Generation keeps a :class:`KVCache`: the prompt is run once (prefill), and each new token then runs
+alone, one query per head against the cached keys and values through :func:`flashlib.decode`
+(Flash-Decoding). :func:`generate` with ``kv_cache=False`` recomputes the whole window instead.
 
 Also here: :class:`CharTokenizer`, :func:`load_text` (a public-domain text shipped in
 ``flashlib/models/data``), :func:`get_batch`, :func:`train` and :func:`generate`.
@@ -31,10 +37,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..api import MAX_HEAD_DIM
+from ..api import MAX_HEAD_DIM, attention_qkvpacked
 from ..api import attention as flash_attention
+from ..api import decode as flash_decode
 
-__all__ = ["ATTENTION_CHOICES", "GPTConfig", "GPT", "CausalSelfAttention", "MLP", "Block",
+__all__ = ["ATTENTION_CHOICES", "GPTConfig", "GPT", "KVCache", "CausalSelfAttention", "MLP", "Block",
            "causal_attention", "CharTokenizer", "load_text", "texts", "get_batch", "train", "generate"]
 
 ATTENTION_CHOICES = ("flashlib", "sdpa", "naive")
@@ -98,6 +105,7 @@ class GPTConfig:
             above flashlib's 256, or an unknown ``attention``.
 
     Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
     """
     vocab_size: int
     block_size: int
@@ -143,6 +151,7 @@ def causal_attention(q, k, v, attention: str = "flashlib"):
             :mod:`flashlib.auto` can route it) or "naive" (the masked-softmax math).
 
     Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
     """
     if attention == "flashlib":
         return flash_attention(q, k, v, causal=True)                     # (B, H, T, hs)
@@ -165,7 +174,13 @@ class CausalSelfAttention(nn.Module):
     """Project to q, k, v, attend causally (:func:`causal_attention`), project back.
 
     ``(B, T, C) -> (B, T, C)``. One linear layer makes q (``n_head`` heads) and k, v (``n_kv_head``
-    heads each). Explained in: notebooks/09_models.
+    heads each). With ``n_kv_head == n_head`` its output is the packed ``(B, T, 3, H, hs)`` layout, and
+    "flashlib" attends with :func:`flashlib.attention_qkvpacked` (no split). With a cache (generation,
+    :meth:`attend_cached`), k and v are written into it, and one new token attends to the whole cache
+    through :func:`flashlib.decode`.
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
     """
 
     def __init__(self, config: GPTConfig):
@@ -175,20 +190,44 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, (config.n_head + 2 * config.n_kv_head) * config.head_dim)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x):
+    def forward(self, x, cache=None):
+        """``x (B, T, C)``; ``cache``: None, or this block's ``(k_cache, v_cache, start)`` for
+        :meth:`attend_cached` (generation; see :meth:`GPT.forward`)."""
         B, T, C = x.shape                                                # (B, T, C)
-        hq, hkv = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        q, k, v = self.c_attn(x).split([hq, hkv, hkv], dim=2)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hs)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hs)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hs)
-        y = causal_attention(q, k, v, self.attention)                    # (B, H, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)                 # (B, T, C) heads side by side
-        return self.c_proj(y)
+        H, Hkv, hs = self.n_head, self.n_kv_head, self.head_dim
+        qkv = self.c_attn(x)                                             # (B, T, (H + 2 Hkv) hs)
+        q, k, v = qkv.split([H * hs, Hkv * hs, Hkv * hs], dim=2)
+        q = q.view(B, T, H, hs).transpose(1, 2)                          # (B, H, T, hs)
+        k = k.view(B, T, Hkv, hs).transpose(1, 2)                        # (B, Hkv, T, hs)
+        v = v.view(B, T, Hkv, hs).transpose(1, 2)                        # (B, Hkv, T, hs)
+        if cache is not None:                                            # generation
+            y = self.attend_cached(q, k, v, *cache).transpose(1, 2)      # (B, T, H, hs)
+        elif self.attention == "flashlib" and H == Hkv:                  # qkv is the packed layout
+            y = attention_qkvpacked(qkv.view(B, T, 3, H, hs), causal=True)     # (B, T, H, hs)
+        else:
+            y = causal_attention(q, k, v, self.attention).transpose(1, 2)      # (B, T, H, hs)
+        return self.c_proj(y.reshape(B, T, C))                          # (B, T, C) heads side by side
+
+    def attend_cached(self, q, k, v, k_cache, v_cache, start: int):
+        """Generation: write ``k, v (B, Hkv, T, hs)`` at positions ``start ..`` of ``k_cache, v_cache
+        (B, Hkv, Nmax, hs)``, then attend. The prompt (``start = 0``) attends causally among itself, as
+        in training; one new token (``start > 0``, ``T = 1``) attends to all ``start + 1`` cached keys
+        through :func:`flashlib.decode` (Flash-Decoding). Returns ``(B, H, T, hs)``."""
+        T = q.shape[2]
+        k_cache[:, :, start:start + T] = k                               # append in place: no torch.cat
+        v_cache[:, :, start:start + T] = v
+        if start == 0:                                                   # prefill
+            return causal_attention(q, k, v, self.attention)             # (B, H, T, hs)
+        seqlens = torch.full((q.shape[0],), start + T, dtype=torch.int32, device=q.device)   # (B,)
+        return flash_decode(q, k_cache, v_cache, cache_seqlens=seqlens)  # (B, H, 1, hs): sees all
 
 
 class MLP(nn.Module):
-    """``(B, T, C) -> (B, T, 4C) -> GELU -> (B, T, C)``."""
+    """``(B, T, C) -> (B, T, 4C) -> GELU -> (B, T, C)``.
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
+    """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -200,7 +239,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``.  (B, T, C)"""
+    """Pre-LayerNorm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``.  (B, T, C)
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
+    """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -209,8 +252,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))                                  # (B, T, C)
+    def forward(self, x, cache=None):
+        x = x + self.attn(self.ln_1(x), cache)                           # (B, T, C)
         return x + self.mlp(self.ln_2(x))                                # (B, T, C)
 
 
@@ -219,7 +262,10 @@ class GPT(nn.Module):
 
     Weights are initialised as in GPT-2 (normal, std 0.02; residual projections scaled by
     ``1 / sqrt(2 n_layer)``) from torch's global generator: seed it (``torch.manual_seed``) before
-    building two models that must start equal. Explained in: notebooks/09_models.
+    building two models that must start equal.
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
     """
 
     def __init__(self, config: GPTConfig):
@@ -261,8 +307,14 @@ class GPT(nn.Module):
             block.attn.attention = attention
         return self
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, *, cache=None):
         """``idx (B, T)`` int token ids, ``T <= block_size``; ``targets (B, T)`` or None.
+
+        ``cache``: None (idx holds positions ``0 .. T-1``), or a :class:`KVCache` (generation, under
+        ``torch.no_grad()``): idx holds the next positions ``cache.length ..``, either a prompt into an
+        empty cache (prefill: it attends causally, as without a cache) or one new token (``T = 1``: it
+        attends to the whole cache through :func:`flashlib.decode`). Its keys and values are written
+        into the cache, and ``cache.length`` grows by T.
 
         Returns ``(logits (B, T, vocab_size), loss)``, loss the mean cross-entropy (None without
         targets).
@@ -274,21 +326,77 @@ class GPT(nn.Module):
         if not 1 <= T <= self.config.block_size:
             raise ValueError(f"idx must hold 1 to block_size ({self.config.block_size}) tokens per "
                              f"sequence, got T = {T}")
+        start = 0 if cache is None else self._check_cache(cache, B, T)
         if targets is not None:
             _check_tokens(targets, "targets")
             if targets.shape != idx.shape:
                 raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got "
                                  f"{tuple(targets.shape)}")
         idx = idx.long()                                                 # (B, T) for the embedding
-        pos = torch.arange(T, device=idx.device)                         # (T,)
+        pos = torch.arange(start, start + T, device=idx.device)          # (T,) positions
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)        # (B, T, C)
-        for block in self.transformer.h:
-            x = block(x)                                                 # (B, T, C)
+        layers = ([None] * len(self.transformer.h) if cache is None
+                  else [(k, v, start) for k, v in zip(cache.k, cache.v)])  # block l's cache
+        for block, layer_cache in zip(self.transformer.h, layers):
+            x = block(x, layer_cache)                                    # (B, T, C)
+        if cache is not None:
+            cache.length = start + T
         logits = self.lm_head(self.transformer.ln_f(x))                  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T).long())
         return logits, loss
+
+    def _check_cache(self, cache, B: int, T: int) -> int:
+        """The position idx starts at, after checking that ``cache`` can take its T tokens."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a flashlib.models.KVCache or None, got "
+                            f"{type(cache).__name__}")
+        if torch.is_grad_enabled():
+            raise ValueError("a KVCache is for generation (inference only): call the model under "
+                             "torch.no_grad(), as generate does")
+        c, p = self.config, self.lm_head.weight
+        want = (c.n_layer, B, c.n_kv_head, c.block_size, c.head_dim)
+        if tuple(cache.k.shape) != want or cache.k.dtype != p.dtype or cache.k.device != p.device:
+            raise ValueError(f"cache must be a KVCache of this model for batch size {B}: k of shape "
+                             f"{want}, {p.dtype} on {p.device}; got {tuple(cache.k.shape)}, "
+                             f"{cache.k.dtype} on {cache.k.device}")
+        if cache.length > 0 and T != 1:
+            raise ValueError(f"with a non-empty cache (length {cache.length}) idx must hold one new "
+                             f"token, got T = {T} (a prompt goes into an empty cache: cache.reset())")
+        if cache.length + T > c.block_size:
+            raise ValueError(f"the cache holds {cache.length} of the block_size ({c.block_size}) "
+                             f"positions: no room for T = {T} more (generate re-prefills the window)")
+        return cache.length
+
+
+class KVCache:
+    """The keys and values a :class:`GPT` has computed, kept for generation: one pair per block.
+
+    ``k``, ``v``: ``(n_layer, B, n_kv_head, block_size, head_dim)``, allocated once in the model's dtype
+    and on its device; ``k[l]`` is block l's ``(B, Hkv, Nmax, hs)`` cache. ``length``: how many
+    positions hold a token, the same for every sequence of the batch. ``model(idx, cache=cache)``
+    writes the keys and values of idx's tokens in place at positions ``length, length + 1, ...`` (no
+    ``torch.cat`` per token) and advances ``length``; :meth:`reset` empties it.
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
+    """
+
+    def __init__(self, model, batch_size: int):
+        if not isinstance(model, GPT):
+            raise TypeError(f"model must be a flashlib.models.GPT, got {type(model).__name__}")
+        batch_size = _check_int(batch_size, "batch_size")
+        c, p = model.config, model.lm_head.weight
+        shape = (c.n_layer, batch_size, c.n_kv_head, c.block_size, c.head_dim)   # (L, B, Hkv, Nmax, hs)
+        self.k = torch.zeros(shape, dtype=p.dtype, device=p.device)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    def reset(self) -> "KVCache":
+        """Empty the cache (the next ``model(idx, cache=cache)`` is a prefill); the memory is kept."""
+        self.length = 0
+        return self
 
 
 # --------------------------------------------------------------------------------------------------
@@ -298,7 +406,10 @@ class GPT(nn.Module):
 class CharTokenizer:
     """One token per distinct character of a text, ids in sorted character order.
 
-    ``encode(str) -> list[int]``, ``decode(ids) -> str``. Explained in: notebooks/09_models.
+    ``encode(str) -> list[int]``, ``decode(ids) -> str``.
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
     """
 
     def __init__(self, text: str):
@@ -337,6 +448,7 @@ def texts() -> list[str]:
     """Names of the texts shipped in ``flashlib/models/data`` (for :func:`load_text`).
 
     Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
     """
     folder = resources.files("flashlib.models").joinpath("data")
     return sorted(p.name[:-4] for p in folder.iterdir() if p.name.endswith(".txt"))
@@ -349,6 +461,7 @@ def load_text(name: str = "alice") -> str:
     them are dropped; the text itself is returned unchanged. ``name`` is one of :func:`texts`.
 
     Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
@@ -378,6 +491,7 @@ def get_batch(data, batch_size: int, seq_len: int, *, generator=None, device=Non
         device: where to put x and y (None: data's device).
 
     Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
     """
     data = _check_tokens(data, "data")
     if data.dim() != 1:
@@ -404,6 +518,7 @@ def train(model, data, steps: int, batch_size: int, seq_len: int, lr: float = 1e
         ``list[float]``, the training loss of each step (before that step's update).
 
     Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
     """
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a flashlib.models.GPT, got {type(model).__name__}")
@@ -432,16 +547,38 @@ def train(model, data, steps: int, batch_size: int, seq_len: int, lr: float = 1e
     return losses
 
 
+def _sample(logits, temperature: float, top_k, gen):
+    """One token per row of the last position's ``logits (B, V)``: ``(B, 1)``."""
+    logits = logits / temperature                                        # (B, V)
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]   # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=gen)   # (B, 1)
+
+
 @torch.no_grad()
 def generate(model, idx, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
-             seed: int | None = None):
+             seed: int | None = None, kv_cache: bool = True):
     """Sample ``max_new_tokens`` tokens after ``idx (B, T)``; return ``(B, T + max_new_tokens)``.
 
-    Each step runs the model on the last ``block_size`` tokens (no KV cache), divides the last
+    The model sees the last ``block_size`` tokens (its context window). Each step divides the last
     position's logits by ``temperature``, keeps the ``top_k`` largest (None: all) and samples, from a
-    generator seeded with ``seed`` (None: torch's global one). The model's train/eval mode is restored.
+    generator seeded with ``seed`` (None: torch's global one).
+
+    ``kv_cache=True`` (Flash-Decoding): the window is run once (prefill, with the model's own
+    attention) into a :class:`KVCache`; each new token then runs alone, one query per head against
+    the cache through :func:`flashlib.decode`. ``kv_cache=False``: every step reruns the model on the
+    whole window (the attention the model was configured with). Both give the same tokens, up to
+    rounding. Beyond the window: the positions are learned and absolute, so once the window slides
+    every kept token moves to a new position, and its keys and values change. A cached step past
+    ``block_size`` tokens therefore re-prefills the last ``block_size`` tokens: the same tokens as
+    ``kv_cache=False``, at its cost. Keep ``T + max_new_tokens <= block_size`` to decode from the
+    cache all the way.
+
+    The model's train/eval mode is restored.
 
     Explained in: notebooks/09_models.
+    Tested in: tests/models/test_gpt.py.
     """
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a flashlib.models.GPT, got {type(model).__name__}")
@@ -452,21 +589,27 @@ def generate(model, idx, max_new_tokens: int, *, temperature: float = 1.0, top_k
     temperature = _check_positive_float(temperature, "temperature")
     if top_k is not None:
         top_k = _check_int(top_k, "top_k")
+    if not isinstance(kv_cache, bool):
+        raise TypeError(f"kv_cache must be a bool, got {type(kv_cache).__name__}")
     gen = None
     if seed is not None:
         gen = torch.Generator(device=idx.device).manual_seed(_check_int(seed, "seed", minimum=0))
+    B, T = idx.shape
+    window = model.config.block_size
+    out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)   # (B, T + new)
+    out[:, :T] = idx
+    cache = KVCache(model, B) if kv_cache and max_new_tokens else None
     was_training = model.training
     model.eval()
-    idx = idx.long()
     try:
-        for _ in range(max_new_tokens):
-            logits, _ = model(idx[:, -model.config.block_size:])          # (B, T, V)
-            logits = logits[:, -1, :] / temperature                      # (B, V)
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]   # (B, 1)
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = torch.multinomial(logits.softmax(dim=-1), 1, generator=gen)           # (B, 1)
-            idx = torch.cat([idx, nxt], dim=1)
+        for n in range(T, T + max_new_tokens):                          # out[:, :n] is known
+            if cache is not None and 0 < cache.length < window:          # cache holds out[:, :n - 1]
+                logits, _ = model(out[:, n - 1:n], cache=cache)          # (B, 1, V): Flash-Decoding
+            else:                                                        # the whole window: no cache,
+                if cache is not None:                                    # the prefill, or the window
+                    cache.reset()                                        # slid (new positions)
+                logits, _ = model(out[:, max(0, n - window):n], cache=cache)   # (B, T', V)
+            out[:, n:n + 1] = _sample(logits[:, -1], temperature, top_k, gen)
     finally:
         model.train(was_training)
-    return idx
+    return out

@@ -21,7 +21,11 @@ DEFAULT_NS = (512, 1024, 2048, 4096, 8192, 16384)
 
 def attention_flops(batch: int, heads: int, n_q: int, n_k: int, d: int, *, causal: bool = False,
                     backward: bool = False) -> float:
-    """FA2's count: ``4 · Nq · Nk · d · H · B`` forward, x2.5 backward, halved when causal."""
+    """FA2's count: ``4 · Nq · Nk · d · H · B`` forward, x2.5 backward, halved when causal.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
+    """
     flops = 4.0 * n_q * n_k * d * heads * batch
     if causal:
         flops /= 2
@@ -29,7 +33,11 @@ def attention_flops(batch: int, heads: int, n_q: int, n_k: int, d: int, *, causa
 
 
 def decode_bytes(batch: int, kv_heads: int, n: int, d: int, elem_bytes: int) -> float:
-    """Bytes of K and V a decode step reads: ``2 · B · Hkv · N · d · elem``."""
+    """Bytes of K and V a decode step reads: ``2 · B · Hkv · N · d · elem``.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
+    """
     return 2.0 * batch * kv_heads * n * d * elem_bytes
 
 
@@ -76,6 +84,9 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
     "fwd_tflops", "bwd_tflops", "decode_gbs"}]}`` (None where an implementation ran out of memory).
     ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench``; tests pass another to run the
     plumbing on a CPU at tiny sizes.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/tools/test_bench.py.
     """
     import torch
     from tqdm.auto import tqdm
@@ -130,7 +141,11 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
 
 
 def plot(results: dict, path=None):
-    """Three panels (forward TFLOP/s, backward TFLOP/s, decode GB/s) against N; saved if ``path``."""
+    """Three panels (forward TFLOP/s, backward TFLOP/s, decode GB/s) against N; saved if ``path``.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/tools/test_bench.py.
+    """
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     panels = (("fwd_tflops", "forward TFLOP/s"), ("bwd_tflops", "backward TFLOP/s"),
@@ -166,7 +181,11 @@ def format_results(results: dict) -> str:
 
 
 def main(args) -> int:
-    """``python -m flashlib bench``: measure on the GPU, or say there is none and show the compile report."""
+    """``python -m flashlib bench``: measure on the GPU, or say there is none and show the compile report.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/tools/test_selfcheck.py.
+    """
     import torch
     if not torch.cuda.is_available():
         print("No CUDA GPU on this machine: nothing to time (flashlib never prints a GPU number it did "

@@ -41,14 +41,14 @@ import time
 from typing import Callable
 
 from ..hardware import ARCH_SMEM_LIMIT
+from . import toolchain
 
-__all__ = ["ARCHS", "KEYS", "ROW_PRODUCERS", "compile_report", "triton_rows", "sass_excerpt",
+__all__ = ["ARCHS", "KEYS", "ROW_PRODUCERS", "compile_report", "triton_rows", "triton_specs", "sass_excerpt",
            "format_report", "summary", "compilers"]
 
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 KEYS = ("backend", "kernel", "config", "arch", "ok", "registers", "spill_bytes", "shared_bytes",
         "mma_instructions", "tensor_cores")
-MMA_OPCODES = ("HMMA", "HGMMA", "IMMA", "UTCHMMA")   # tensor-core instructions as cuobjdump prints them
 REPORT_HEAD_DIM = 128                                # the problem the report compiles for: d = 128,
 REPORT_DTYPE = "fp16"                                # fp16, causal (every kernel in its heavier variant)
 
@@ -67,73 +67,59 @@ def _check_archs(archs) -> tuple[str, ...]:
 
 # ------------------------------------------------------------------------------------- the kernels
 
-def _kernel_specs(arch: str):
-    """``[(name, jit_fn, signature, constexprs, config_or_None, options, uses_dot)]`` for one arch.
+# The constexpr values of the problem the report compiles (d = 128, causal, true fp32 dots; the decode
+# combine for 16 splits); BLOCK_M and BLOCK_N come from each kernel's config.
+REPORT_CONSTEXPRS = dict(CAUSAL=True, BLOCK_D=REPORT_HEAD_DIM, UPCAST=False, PRECISION="ieee", BLOCK_S=16)
+
+
+def triton_specs() -> tuple:
+    """Every Triton kernel's KernelSpec (flashlib.kernels.triton.spec), in the report's order.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_compile_report.py.
+    """
+    from ..kernels.triton import decode, fa2_bwd, fa2_fwd
+    return (fa2_fwd.SPEC, fa2_bwd.PREPROCESS_SPEC, fa2_bwd.DKDV_SPEC, fa2_bwd.DQ_SPEC,
+            decode.SPLIT_SPEC, decode.COMBINE_SPEC)
+
+
+def _triton_jobs(arch: str) -> list[tuple]:
+    """``[(KernelSpec, signature, constexprs, config)]``: every Triton kernel as its spec describes it
+    (flashlib.kernels.triton.spec), with the config ``configs`` picks for ``arch`` (or its fixed one).
 
     Runs in the compiling child process (Triton in compile mode)."""
-    from ..kernels.triton import configs, decode, fa2_bwd, fa2_fwd
-    d, dt = REPORT_HEAD_DIM, REPORT_DTYPE
-
-    def sig(fn, pointers: dict, floats=(), constexprs=()):
-        return {n: (pointers[n] if n in pointers else "fp32" if n in floats else
-                    "constexpr" if n in constexprs else "i32") for n in fn.arg_names}
-
-    flags = dict(CAUSAL=True, BLOCK_D=d, UPCAST=False, PRECISION="ieee")
-    specs = []
-    cfg = configs.arch_config("fwd", arch, d, 2)
-    specs.append(("fa2_fwd", fa2_fwd._fwd_kernel,
-                  sig(fa2_fwd._fwd_kernel, dict(Q=f"*{dt}", K=f"*{dt}", V=f"*{dt}", O=f"*{dt}", LSE="*fp32"),
-                      ["qk_scale"], ["CAUSAL", "BLOCK_M", "BLOCK_N", "BLOCK_D", "UPCAST", "PRECISION"]),
-                  dict(flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n), cfg, True))
-    specs.append(("fa2_bwd_preprocess", fa2_bwd._bwd_preprocess,
-                  sig(fa2_bwd._bwd_preprocess, dict(O=f"*{dt}", DO=f"*{dt}", DELTA="*fp32"), [],
-                      ["BLOCK_M", "BLOCK_D"]),
-                  dict(BLOCK_M=64, BLOCK_D=d), configs.Config(64, 0, 4, 1), False))
-    bwd_ptrs = dict(Q=f"*{dt}", K=f"*{dt}", V=f"*{dt}", DO=f"*{dt}", LSE="*fp32", DELTA="*fp32")
-    for name, fn, extra, kname in (
-            ("fa2_bwd_dkdv", fa2_bwd._bwd_dkdv, dict(DK=f"*{dt}", DV=f"*{dt}"), "bwd_dkdv"),
-            ("fa2_bwd_dq", fa2_bwd._bwd_dq, dict(DQ=f"*{dt}"), "bwd_dq")):
-        cfg = configs.arch_config(kname, arch, d, 2)
-        specs.append((name, fn, sig(fn, {**bwd_ptrs, **extra}, ["qk_scale", "scale"],
-                                    ["CAUSAL", "BLOCK_M", "BLOCK_N", "BLOCK_D", "UPCAST", "PRECISION"]),
-                      dict(flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n), cfg, True))
-    cfg = configs.arch_config("decode", arch, d, 2)
-    specs.append(("decode_split", decode._split_kernel,
-                  sig(decode._split_kernel, dict(Q=f"*{dt}", K=f"*{dt}", V=f"*{dt}", SEQLENS="*i32",
-                                                 OP="*fp32", LP="*fp32"),
-                      ["qk_scale"], ["BLOCK_M", "BLOCK_N", "BLOCK_D", "UPCAST", "PRECISION"]),
-                  dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=d, UPCAST=False, PRECISION="ieee"),
-                  cfg, True))
-    specs.append(("decode_combine", decode._combine_kernel,
-                  sig(decode._combine_kernel, dict(OP="*fp32", LP="*fp32", O=f"*{dt}", LSE="*fp32"), [],
-                      ["BLOCK_S", "BLOCK_D"]),
-                  dict(BLOCK_S=16, BLOCK_D=d), configs.Config(1, 0, 4, 1), False))
-    return specs
+    from ..kernels.triton import configs
+    jobs = []
+    for s in triton_specs():
+        cfg = s.fixed if s.config is None else configs.arch_config(s, arch, REPORT_HEAD_DIM, 2)
+        values = {**REPORT_CONSTEXPRS, **s.block_constexprs(cfg)}
+        missing = [n for n in s.constexprs if n not in values]
+        if missing:
+            raise ValueError(f"the compile report has no value for {s.name}'s constexprs {missing}: "
+                             "add them to REPORT_CONSTEXPRS")
+        jobs.append((s, s.signature(REPORT_DTYPE), {n: values[n] for n in s.constexprs}, cfg))
+    return jobs
 
 
-def _config_label(name: str, cfg) -> str:
-    if name == "fa2_bwd_preprocess":
-        return f"M64-w{cfg.num_warps} d{REPORT_HEAD_DIM} {REPORT_DTYPE}"
-    if name == "decode_combine":
-        return f"S16-w{cfg.num_warps} d{REPORT_HEAD_DIM} fp32->{REPORT_DTYPE}"
-    causal = " causal" if name.startswith("fa2") else ""
-    return f"{cfg} d{REPORT_HEAD_DIM} {REPORT_DTYPE}{causal}"
+def _config_label(spec, constexprs: dict, cfg) -> str:
+    """"M128-N64-w8-s3 d128 fp16 causal" for a kernel with a config table, "M64-w4 d128 fp16" for one
+    with fixed blocks; "fp32->fp16" where the kernel reads fp32 (the decode combine's partials)."""
+    if spec.config is None:
+        blocks = [f"{n.removeprefix('BLOCK_')}{v}" for n, v in constexprs.items()
+                  if n.startswith("BLOCK_") and n != "BLOCK_D"]
+        blocks = "-".join(blocks + [f"w{cfg.num_warps}"])
+    else:
+        blocks = str(cfg)
+    first = next(iter(spec.pointers.values()))
+    dtype = REPORT_DTYPE if first == "in" else f"{first}->{REPORT_DTYPE}"
+    return f"{blocks} d{REPORT_HEAD_DIM} {dtype}" + (" causal" if constexprs.get("CAUSAL") else "")
 
 
-def _tool(name: str) -> str:
-    import triton
-    return str(pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
-
-
-def _parse_ptxas_log(log: str, fn_name: str) -> dict:
-    """Registers and spill stores of ``fn_name`` from a ``ptxas -v`` log."""
-    part = log[log.find(f"Compiling entry function '{fn_name}'"):]
-    regs = re.search(r"Used (\d+) registers", part)
-    spill = re.search(r"(\d+) bytes spill stores", part)
-    stack = re.search(r"(\d+) bytes stack frame", part)
-    return {"registers": int(regs.group(1)) if regs else None,
-            "spill_bytes": int(spill.group(1)) if spill else None,
-            "stack_bytes": int(stack.group(1)) if stack else None}
+def _cuobjdump(cubin, *args) -> str:
+    """``cuobjdump args cubin``, with the triton wheel's own copy first (the tools of the ptxas that made
+    the cubin)."""
+    return toolchain.run_tool("cuobjdump", *args, cubin, purpose="reading Triton's cubin in the compile report",
+                              triton_first=True)
 
 
 def _compile_arch(arch: str) -> list[dict]:
@@ -143,8 +129,9 @@ def _compile_arch(arch: str) -> list[dict]:
     from triton.compiler import ASTSource
     cc = int(arch.removeprefix("sm_").rstrip("a"))
     rows = []
-    for name, fn, signature, constexprs, cfg, uses_dot in _kernel_specs(arch):
-        row = {"backend": "triton", "kernel": name, "config": _config_label(name, cfg), "arch": arch,
+    for spec, signature, constexprs, cfg in _triton_jobs(arch):
+        name, fn, uses_dot = spec.name, spec.fn, spec.uses_dot
+        row = {"backend": "triton", "kernel": name, "config": _config_label(spec, constexprs, cfg), "arch": arch,
                "compiler": f"triton {triton.__version__}", "ok": False, "registers": None, "spill_bytes": None, "shared_bytes": None,
                "mma_instructions": None, "tensor_cores": uses_dot and cc >= 80, "stack_bytes": None,
                "error": None, "_sass": ""}
@@ -164,22 +151,20 @@ def _compile_arch(arch: str) -> list[dict]:
             rows.append(row)
             continue
         row["compile_seconds"] = round(time.perf_counter() - t0, 2)
-        row.update(_parse_ptxas_log(log.getvalue(), kernel.name))
+        ptxas = toolchain.parse_ptxas(log.getvalue()).get(kernel.name, {})
+        row.update(registers=ptxas.get("registers"), spill_bytes=ptxas.get("spill_stores"),
+                   stack_bytes=ptxas.get("stack_bytes"))
         with tempfile.TemporaryDirectory() as tmp:
             cubin = pathlib.Path(tmp) / f"{name}.cubin"
             cubin.write_bytes(kernel.asm["cubin"])
-            usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(cubin)],
-                                   capture_output=True, text=True, check=True).stdout
-            sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)],
-                                  capture_output=True, text=True, check=True).stdout
+            usage = _cuobjdump(cubin, "--dump-resource-usage")
+            sass = _cuobjdump(cubin, "-sass")
         static = re.search(r"SHARED:(\d+)", usage)
         row["shared_bytes"] = int(kernel.metadata.shared) + (int(static.group(1)) if static else 0)
         if row["registers"] is None:
             reg = re.search(r"REG:(\d+)", usage)
             row["registers"] = int(reg.group(1)) if reg else None
-        mma = [ln.strip() for ln in sass.splitlines()
-               if re.search(r"\b(" + "|".join(MMA_OPCODES) + r")\b", ln)]
-        row["mma_instructions"] = len(mma)
+        row["mma_instructions"] = sum(toolchain.count_mma(sass).values())
         row["_sass"] = "\n".join(_sass_window(sass, 12))
         row["ok"] = row["spill_bytes"] is not None
         rows.append(row)
@@ -190,8 +175,7 @@ def _sass_window(sass: str, n: int) -> list[str]:
     """``n`` SASS lines around the first tensor-core instruction (else the first FFMA: sm_75 Triton)."""
     lines = [re.sub(r"\s+", " ", re.sub(r"/\* 0x[0-9a-f]+ \*/", "", ln)).strip()
              for ln in sass.splitlines() if "/*" in ln and ";" in ln]
-    pat = re.compile(r"\b(" + "|".join(MMA_OPCODES) + r")\b")
-    first = next((i for i, ln in enumerate(lines) if pat.search(ln)),
+    first = next((i for i, ln in enumerate(lines) if toolchain.MMA_RE.search(ln)),
                  next((i for i, ln in enumerate(lines) if " FFMA " in ln), 0))
     start = max(0, first - 2)
     return lines[start:start + n]
@@ -202,7 +186,7 @@ def _sass_window(sass: str, n: int) -> list[str]:
 def _source_hash() -> str:
     h = hashlib.sha256()
     for path in sorted((_PKG / "kernels" / "triton").glob("*.py")) + [pathlib.Path(__file__).resolve(),
-                                                           _PKG / "hardware.py"]:
+                                                           _PKG / "hardware.py", _PKG / "tools" / "toolchain.py"]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     try:
@@ -211,29 +195,6 @@ def _source_hash() -> str:
     except Exception:                                   # pragma: no cover - triton without metadata
         pass
     return h.hexdigest()[:20]
-
-
-def _cache_dir() -> pathlib.Path:
-    root = os.environ.get("FLASHLIB_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "flashlib")
-    path = pathlib.Path(root) / "compile-report"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@contextlib.contextmanager
-def _locked(path: pathlib.Path):
-    """An exclusive lock on ``path`` (parallel test workers wait instead of compiling twice)."""
-    try:
-        import fcntl
-    except ImportError:                                 # pragma: no cover - not POSIX: no lock
-        yield
-        return
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _run_child(arch: str) -> list[dict]:
@@ -253,18 +214,15 @@ def _run_child(arch: str) -> list[dict]:
 
 
 def _arch_rows(arch: str, cache: bool) -> list[dict]:
-    path = _cache_dir() / f"triton-{arch}-{_source_hash()}.json"
-    with _locked(path.parent / f"triton-{arch}.lock"):
-        if cache and path.exists():
-            return json.loads(path.read_text())
-        rows = _run_child(arch)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(rows))
-        os.replace(tmp, path)                           # atomic: readers see all or nothing
-        for stale in path.parent.glob(f"triton-{arch}-*.json"):
+    folder = toolchain.cache_dir("compile-report")
+    path = folder / f"triton-{arch}-{_source_hash()}.json"
+    with toolchain.locked(folder / f"triton-{arch}.lock"):     # built, pruned and read under one lock
+        if not (cache and path.exists()):
+            toolchain.build_atomically(path, lambda tmp: tmp.write_text(json.dumps(_run_child(arch))))
+        for stale in folder.glob(f"triton-{arch}-*.json"):
             if stale != path:                           # rows of older kernel sources
                 stale.unlink(missing_ok=True)
-        return rows
+        return json.loads(path.read_text())
 
 
 def _all_rows(archs, cache: bool) -> list[dict]:
@@ -275,7 +233,11 @@ def _all_rows(archs, cache: bool) -> list[dict]:
 
 
 def triton_rows(archs=ARCHS, *, cache: bool = True) -> list[dict]:
-    """The Triton kernels' rows (see :func:`compile_report`), with the private ``_sass`` excerpts."""
+    """The Triton kernels' rows (see :func:`compile_report`), with the private ``_sass`` excerpts.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/gpu/test_compile_report_gpu.py.
+    """
     return _all_rows(_check_archs(archs), cache)
 
 
@@ -308,6 +270,8 @@ def compile_report(archs=ARCHS, *, cache: bool = True) -> list[dict]:
     two cores, later calls read the cache.
 
     Explained in: notebooks/07_triton.
+
+    Tested in: tests/tools/test_compile_report.py.
     """
     archs = _check_archs(archs)
     rows = []
@@ -320,7 +284,10 @@ def compile_report(archs=ARCHS, *, cache: bool = True) -> list[dict]:
 def compilers(rows) -> str:
     """One line naming the compilers behind ``rows``: the report holds for these versions only.
 
-    Explained in: notebooks/07_triton."""
+    Explained in: notebooks/07_triton.
+
+    Tested in: tests/tools/test_compile_report.py.
+    """
     names = sorted({r.get("compiler", "?") for r in rows})
     return ("compiled by " + ", ".join(names) + " (a report is true for its compiler versions only: "
             "another Triton can allocate up to 2x the shared memory or registers)")
@@ -328,7 +295,11 @@ def compilers(rows) -> str:
 
 def sass_excerpt(kernel: str = "fa2_fwd", arch: str = "sm_80") -> str:
     """A dozen SASS lines of ``kernel`` compiled for ``arch``, around its first tensor-core instruction
-    (HMMA, HGMMA; on sm_75, where Triton's tl.dot has none, around its first FFMA)."""
+    (HMMA, HGMMA; on sm_75, where Triton's tl.dot has none, around its first FFMA).
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_compile_report.py.
+    """
     for row in triton_rows((arch,)):
         if row["kernel"] == kernel:
             return row["_sass"]
@@ -336,7 +307,11 @@ def sass_excerpt(kernel: str = "fa2_fwd", arch: str = "sm_80") -> str:
 
 
 def format_report(rows) -> str:
-    """The rows as a fixed-width table, after a line naming the compilers (:func:`compilers`)."""
+    """The rows as a fixed-width table, after a line naming the compilers (:func:`compilers`).
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_compile_report.py.
+    """
     cols = [("backend", 7), ("kernel", 18), ("arch", 5), ("config", 30), ("ok", 5), ("registers", 4),
             ("spill_bytes", 6), ("shared_bytes", 7), ("mma_instructions", 5), ("tensor_cores", 5)]
     heads = {"registers": "regs", "spill_bytes": "spill", "shared_bytes": "smem", "mma_instructions": "mma",
@@ -348,7 +323,11 @@ def format_report(rows) -> str:
 
 
 def summary(rows) -> str:
-    """Per arch and kernel: registers / spill bytes / shared KB (limit), and mma count — one line each."""
+    """Per arch and kernel: registers / spill bytes / shared KB (limit), and mma count — one line each.
+
+    Explained in: notebooks/02_online_softmax.
+    Tested in: tests/tools/test_compile_report.py.
+    """
     lines = []
     for arch in dict.fromkeys(r["arch"] for r in rows):
         limit = ARCH_SMEM_LIMIT.get(arch)

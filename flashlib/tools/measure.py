@@ -17,6 +17,9 @@ def peak_memory(fn, *args, **kwargs):
 
     NumPy reports its array buffers to tracemalloc, so the peak includes every intermediate array
     (an N x N score matrix shows up in full); the inputs, allocated before, are not counted.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/tools/test_measure.py.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -36,7 +39,11 @@ def peak_memory(fn, *args, **kwargs):
 
 
 def best_time(fn, *args, repeat: int = 3, **kwargs) -> float:
-    """Best wall-clock seconds of ``repeat`` calls of ``fn(*args, **kwargs)`` on this machine."""
+    """Best wall-clock seconds of ``repeat`` calls of ``fn(*args, **kwargs)`` on this machine.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/tools/test_measure.py.
+    """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
-import shutil
 import time
 
-__all__ = ["info", "check", "exit_code", "format_info", "format_check", "format_row", "CHECK_CASES", "DETERMINISM_CASE"]
+from .toolchain import find_tool
+
+__all__ = ["info", "check", "CHECK_CASES", "DETERMINISM_CASE"]   # and the command line's printers
 
 # (B, H, Hkv, Nq, Nk, d, causal): odd lengths, Nq != Nk both ways, fully-masked rows, GQA, MQA
 CHECK_CASES = [
@@ -49,7 +50,8 @@ def _try_backend(name: str, dev) -> tuple[bool, str]:
     import torch
 
     from .. import api
-    backend = api.BACKENDS[name]
+    from ..backends import BACKENDS
+    backend = BACKENDS[name]
     dtype = torch.float16 if dev.type == "cuda" else torch.float32
     q, k, v = (torch.randn(1, 2, 5, 16, device=dev).to(dtype) for _ in range(3))
     try:
@@ -64,11 +66,15 @@ def _try_backend(name: str, dev) -> tuple[bool, str]:
 
 def info() -> dict:
     """Versions, the device, compilers, and per backend ``(available, reason)`` on this device; a
-    backend is available only after a small forward through it ran here."""
+    backend is available only after a small forward through it ran here.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_selfcheck.py.
+    """
     import torch
 
     from .. import __version__
-    from ..api import BACKENDS
+    from ..backends import BACKENDS
     dev = _device()
     out = {
         "flashlib": __version__, "python": platform.python_version(), "numpy": _version("numpy"),
@@ -76,7 +82,7 @@ def info() -> dict:
         "device": "cpu (no CUDA GPU: Triton runs in its interpreter)" if dev.type == "cpu" else
         f"{torch.cuda.get_device_name(0)} (sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}, "
         f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs)",
-        "nvcc": shutil.which("nvcc") or "not found", "g++": shutil.which("g++") or "not found",
+        "nvcc": find_tool("nvcc") or "not found", "g++": find_tool("g++") or "not found",
         "backends": {name: _try_backend(name, dev) for name in sorted(BACKENDS)},
     }
     return out
@@ -204,10 +210,14 @@ def check(backends=None, on_row=None) -> list[dict]:
 
     Each row's status is pass, FAIL, error (with the exception) or skipped (the backend cannot run on
     this device, with why). :func:`exit_code` turns the rows into the command's exit status.
-    ``on_row(row)``, if given, sees each row as soon as it is done (the command line prints it)."""
+    ``on_row(row)``, if given, sees each row as soon as it is done (the command line prints it).
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/tools/test_selfcheck.py.
+    """
     import torch
 
-    from ..api import BACKENDS
+    from ..backends import BACKENDS
     dev = _device()
     names = sorted(BACKENDS) if backends is None else list(backends)
     for name in names:

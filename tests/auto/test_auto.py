@@ -33,12 +33,18 @@ def test_import_changes_nothing_and_disable_restores_the_same_object():
     assert F.scaled_dot_product_attention is ORIGINAL and not auto.is_enabled()
     auto.enable()
     auto.enable()                                      # idempotent
-    assert F.scaled_dot_product_attention is not ORIGINAL and auto.is_enabled()
+    assert F.scaled_dot_product_attention is auto.scaled_dot_product_attention and auto.is_enabled()
     auto.disable()
     assert F.scaled_dot_product_attention is ORIGINAL
     with auto.enabled():
         assert auto.is_enabled()
     assert F.scaled_dot_product_attention is ORIGINAL
+
+
+@pytest.mark.parametrize("nq,nk", [(6, 6), (4, 11), (11, 4)])
+def test_top_left_causal_is_sdpa_is_causal(nq, nk):
+    q, k, v = (x.detach() for x in _qkv(1, 2, 2, nq, nk, 16))
+    torch.testing.assert_close(auto.top_left_causal(q, k, v, None), ORIGINAL(q, k, v, is_causal=True))
 
 
 @pytest.mark.parametrize("nq,nk,causal,h,hkv,gqa,scale", [

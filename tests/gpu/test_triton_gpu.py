@@ -17,6 +17,7 @@ from flashlib.testing import (assert_attention_right, assert_close, assert_fa_ru
                               reference_gqa)
 from flashlib.kernels.triton import configs, fa2_bwd, fa2_fwd
 from flashlib.kernels.triton.configs import Config
+from triton_cases import TABLE_SPECS, case_id, make_qkv, run_triton  # tests/triton_cases.py, shared with tests/kernels/triton
 
 DEVICE = torch.device("cuda")
 BF16_OK = torch.cuda.get_device_capability(0) >= (8, 0)
@@ -24,20 +25,6 @@ DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if BF16_OK else [])
 # Where the plain same-dtype baseline is exact (Nq = Nk = 1: dQ is exactly 0), 2x or 3x its error is 0
 # and one rounding in the kernel would fail the rule: allow 1e-5, far under a 16-bit error (~1e-3).
 FLOOR = 1e-5
-
-
-def make(B, H, HKV, NQ, NK, D, dtype, seed=0):
-    """q, k, v, do on the GPU, drawn on the CPU (the same numbers on every GPU)."""
-    g = torch.Generator().manual_seed(seed)
-    shapes = ((B, H, NQ, D), (B, HKV, NK, D), (B, HKV, NK, D), (B, H, NQ, D))
-    return [torch.randn(*s, generator=g).to(DEVICE, dtype) for s in shapes]
-
-
-def run(q, k, v, do, causal, **kw):
-    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    o, lse = flashlib.attention(*leaves, causal=causal, return_lse=True, backend="triton", **kw)
-    grads = torch.autograd.grad(o, leaves, do)
-    return o.detach(), lse.detach(), grads
 
 
 def check_against_oracle(q, k, v, do, causal, got):
@@ -56,21 +43,17 @@ CASES = [
 ]
 
 
-def _id(c):
-    return "B{}H{}kv{}-{}x{}-d{}-{}".format(*c[:6], "causal" if c[6] else "full")
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
-@pytest.mark.parametrize("case", CASES, ids=_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_forward_backward_match_the_oracle(case, dtype):
     *shape, causal = case
-    q, k, v, do = make(*shape, dtype=dtype, seed=sum(shape))
-    check_against_oracle(q, k, v, do, causal, run(q, k, v, do, causal))
+    q, k, v, do = make_qkv(*shape, dtype=dtype, seed=sum(shape), device=DEVICE)
+    check_against_oracle(q, k, v, do, causal, run_triton(q, k, v, do, causal))
 
 
 def test_rows_that_see_nothing_are_zero_with_finite_gradients():
-    q, k, v, do = make(1, 4, 2, 1000, 300, 128, torch.float16, seed=3)    # rows 0..699 see nothing
-    o, lse, (dq, dk, dv) = run(q, k, v, do, True)
+    q, k, v, do = make_qkv(1, 4, 2, 1000, 300, 128, torch.float16, seed=3, device=DEVICE)  # rows 0..699: nothing
+    o, lse, (dq, dk, dv) = run_triton(q, k, v, do, True)
     hidden = 1000 - 300
     assert torch.all(o[:, :, :hidden] == 0) and torch.all(torch.isneginf(lse[:, :, :hidden]))
     assert torch.isfinite(lse[:, :, hidden:]).all()
@@ -86,13 +69,13 @@ DET_CASES = [(2, 8, 2, 1000, 1037, 128, True), (2, 8, 8, 1031, 1031, 128, False)
 
 
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32], ids=lambda t: str(t)[6:])
-@pytest.mark.parametrize("case", DET_CASES, ids=_id)
+@pytest.mark.parametrize("case", DET_CASES, ids=case_id)
 def test_backward_is_bitwise_deterministic_and_right_at_real_sizes(case, dtype):
     *shape, causal = case
-    q, k, v, do = make(*shape, dtype=dtype, seed=11)
-    first = run(q, k, v, do, causal)
+    q, k, v, do = make_qkv(*shape, dtype=dtype, seed=11, device=DEVICE)
+    first = run_triton(q, k, v, do, causal)
     for _ in range(2):
-        again = run(q, k, v, do, causal)
+        again = run_triton(q, k, v, do, causal)
         for name, a, b in zip(("dq", "dk", "dv"), first[2], again[2]):
             assert torch.equal(a, b), f"{name} differs between identical backward calls"
     check_against_oracle(q, k, v, do, causal, first)
@@ -102,13 +85,13 @@ def test_backward_is_bitwise_deterministic_and_right_at_real_sizes(case, dtype):
 def test_every_backward_candidate_of_this_gpu_is_right_and_deterministic(kernel):
     """Not only the first choice: every config the table may fall back to, forced one at a time."""
     arch = configs.device_arch(DEVICE)
-    q, k, v, do = make(2, 8, 2, 1000, 1037, 128, torch.float16, seed=5)
+    q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, torch.float16, seed=5, device=DEVICE)
     o, lse = fa2_fwd.forward(q, k, v, causal=True, scale=128 ** -0.5)
     o_ref, _, g_ref = reference_gqa(q, k, v, causal=True, do=do)
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     base = torch.autograd.grad(plain_torch_attention(*leaves, causal=True), leaves, do)
     tried = 0
-    for cfg in configs.arch_candidates(kernel, arch, 128, 2):
+    for cfg in configs.arch_candidates(TABLE_SPECS[kernel], arch, 128, 2):
         kw = {"config_dkdv" if kernel == "bwd_dkdv" else "config_dq": cfg}
         try:
             g1 = fa2_bwd.backward(q, k, v, o, lse, do, causal=True, scale=128 ** -0.5, **kw)
@@ -126,7 +109,7 @@ def test_every_backward_candidate_of_this_gpu_is_right_and_deterministic(kernel)
 
 def test_a_config_of_the_class_shown_wrong_is_run_safely():
     """A caller asking for the bad class (flashlib.attention's block_q/block_k) gets its safe twin."""
-    q, k, v, do = make(2, 8, 2, 1000, 1037, 128, torch.float16, seed=6)
+    q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, torch.float16, seed=6, device=DEVICE)
     o, lse = fa2_fwd.forward(q, k, v, causal=False, scale=128 ** -0.5)
     bad = Config(16, 64, 4, 2)
     assert configs.hazard("bwd_dkdv", bad)
@@ -163,7 +146,7 @@ def test_ragged_decode_lengths_zero_one_and_long(dtype, num_splits):
 # ------------------------------------------------------------------------------------ torch.compile
 
 def test_torch_compile_sees_one_op_and_matches_eager():
-    q, k, v, do = make(2, 8, 2, 300, 517, 64, torch.float16, seed=8)
+    q, k, v, do = make_qkv(2, 8, 2, 300, 517, 64, torch.float16, seed=8, device=DEVICE)
 
     def f(q, k, v):
         return flashlib.attention(q, k, v, causal=True, backend="triton")
@@ -175,7 +158,7 @@ def test_torch_compile_sees_one_op_and_matches_eager():
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     out = compiled(*leaves)
     grads = torch.autograd.grad(out, leaves, do)
-    eager = run(q, k, v, do, True)
+    eager = run_triton(q, k, v, do, True)
     assert torch.equal(out.detach(), eager[0])
     for a, b in zip(grads, eager[2]):
         assert torch.equal(a, b)

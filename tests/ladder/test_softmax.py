@@ -84,3 +84,18 @@ def test_bad_input(f):
         f(np.arange(4))
     with pytest.raises(ValueError, match="non-empty last axis"):
         f(np.zeros((2, 0)))
+
+
+def test_safe_exp_diff_is_zero_not_nan_for_empty_states():
+    ninf = -np.inf
+    got = sm.safe_exp_diff(np.array([ninf, ninf, 0.0, 1.0]), np.array([ninf, 0.0, ninf, 1.0]))
+    # exp(-inf - -inf) would be NaN: both states empty gives 0; a finite a over b = -inf cannot happen
+    # in a running max (b >= a) and is not used; exp(1 - 1) = 1
+    assert got[0] == 0.0 and got[1] == 0.0 and got[3] == 1.0 and not np.isnan(got).any()
+
+
+def test_divide_rows_gives_zero_for_rows_that_saw_nothing_and_keeps_nan():
+    num = np.array([[2.0, 4.0], [0.0, 0.0], [np.nan, 1.0]])
+    got = sm.divide_rows(num, np.array([[2.0], [0.0], [1.0]]))
+    assert got[0].tolist() == [1.0, 2.0] and got[1].tolist() == [0.0, 0.0]
+    assert np.isnan(got[2, 0]) and got[2, 1] == 1.0

@@ -1,5 +1,6 @@
-"""Tests of flashlib/models (gpt.py): the three attention choices agree, GQA, training, flashlib.auto
-routing, the tokenizer and the shipped text, and bad input. Tiny models: the whole file runs in seconds.
+"""Tests of flashlib/models (gpt.py): the three attention choices agree, GQA, training, generation with a
+KV cache through flashlib.decode, flashlib.auto routing, the tokenizer and the shipped text, and bad
+input. Tiny models: the whole file runs in seconds.
 
 float32 models live on conftest's DEVICE (a GPU machine runs their flashlib attention in the compiled
 Triton kernels); float64 models stay on the CPU, where the reference backend computes float64.
@@ -18,8 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flashlib.auto
+import flashlib.models.gpt as gpt
 from conftest import DEVICE
-from flashlib.models import (ATTENTION_CHOICES, GPT, CharTokenizer, GPTConfig, causal_attention,
+from flashlib.models import (ATTENTION_CHOICES, GPT, CharTokenizer, GPTConfig, KVCache, causal_attention,
                              generate, get_batch, load_text, texts, train)
 
 
@@ -105,6 +107,25 @@ def test_weight_tying_and_same_init_for_every_attention():
     assert gqa.num_params() == len(torch.nn.utils.parameters_to_vector(gqa.parameters()))
 
 
+@pytest.mark.parametrize("attention", ATTENTION_CHOICES)
+def test_block_is_causal_and_residual(attention):
+    torch.manual_seed(0)
+    cfg = GPTConfig(11, 16, n_head=4, n_kv_head=2, n_embd=32, attention=attention)
+    block = gpt.Block(cfg).double()
+    assert isinstance(block.attn, gpt.CausalSelfAttention) and isinstance(block.mlp, gpt.MLP)
+    assert block.mlp.c_fc.out_features == 4 * 32                         # (B, T, C) -> (B, T, 4C)
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    later = x.clone()
+    later[:, 5:] += 1.0                                                  # change only the future
+    y, y_later = block(x), block(later)
+    assert max_abs(y[:, :5], y_later[:, :5]) <= 1e-12                    # the past does not see it
+    assert max_abs(y[:, 5:], y_later[:, 5:]) > 0.1
+    for proj in (block.attn.c_proj, block.mlp.c_proj):                   # both branches output 0:
+        torch.nn.init.zeros_(proj.weight)
+        torch.nn.init.zeros_(proj.bias)
+    assert torch.equal(block(x), x)                                      # only the residual path is left
+
+
 @settings(max_examples=8, deadline=None)
 @given(n_kv=st.sampled_from([1, 2, 4]), T=st.integers(1, 16), B=st.integers(1, 3), seed=st.integers(0, 9))
 def test_causal_attention_property_flashlib_equals_naive(n_kv, T, B, seed):
@@ -165,6 +186,117 @@ def test_generate_shapes_determinism_and_greedy_agreement():
         out[att] = generate(model, idx, 12, top_k=1)                      # greedy
     assert torch.equal(out["flashlib"], out["naive"]) and torch.equal(out["sdpa"], out["naive"])
     assert generate(tiny(), idx, 0).shape == (1, 3)
+
+
+# --------------------------------------------------------------------------------------------------
+# Generation with a KV cache: the prompt once, then each token through flashlib.decode.
+# --------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Spy on gpt.py's three flashlib calls: the arguments of each call, per function, in order."""
+    seen = {"decode": [], "attention": [], "qkvpacked": []}
+    for key, name in (("decode", "flash_decode"), ("attention", "flash_attention"),
+                      ("qkvpacked", "attention_qkvpacked")):
+        def spy(*args, _real=getattr(gpt, name), _key=key, **kwargs):
+            seen[_key].append((args, kwargs))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(gpt, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("heads", [(4, None), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("T", [1, 4, 11])
+def test_kv_cache_gives_the_full_recompute_tokens_through_flashlib_decode(dtype, heads, T, calls):
+    model = tiny(n_head=heads[0], n_kv_head=heads[1], dtype=dtype, block=16)
+    idx = tokens(B=3, T=T, seed=T)[0].to(device_for(dtype))              # (3, T): a batch of prompts
+    new = 16 - T                                                         # fills the window exactly
+    cached = generate(model, idx, new, top_k=1)                          # greedy
+    assert cached.shape == (3, 16) and torch.equal(cached[:, :T], idx)
+    decoded = [kw["cache_seqlens"].tolist() for _, kw in calls["decode"]]
+    # one decode per block per token after the first; the new token sees every cached key, itself too
+    assert decoded == [[n] * 3 for n in range(T + 1, 16) for _ in range(2)]
+    assert all(args[1].shape == (3, model.config.n_kv_head, 16, 8) for args, _ in calls["decode"])
+    assert len(calls["attention"]) == 2                                  # the prefill, once per block
+    full = generate(model, idx, new, top_k=1, kv_cache=False)
+    assert len(calls["decode"]) == 2 * (new - 1)                         # the recompute never decodes
+    assert torch.equal(cached, full)
+
+
+def test_mha_uses_attention_qkvpacked_and_gqa_splits(calls):
+    idx = tokens(T=9)[0]
+    for n_kv, packed in ((None, 2), (2, 0)):                             # one call per block, or none
+        model = tiny(n_kv_head=n_kv)
+        for key in calls:
+            calls[key].clear()
+        model(idx)
+        assert len(calls["qkvpacked"]) == packed and len(calls["attention"]) == 2 - packed
+        if packed:
+            (qkv,), kw = calls["qkvpacked"][0]
+            assert qkv.shape == (2, 9, 3, 4, 8) and kw == {"causal": True}   # (B, T, 3, H, hs)
+        generate(model, idx, 3, top_k=1, kv_cache=False)
+        assert len(calls["qkvpacked"]) == 4 * packed                     # three more model calls
+
+
+def test_beyond_the_window_the_cache_re_prefills_and_keeps_the_tokens(calls):
+    model = tiny(block=16)
+    for T in (5, 20):                                                    # window fills, or starts full
+        for key in calls:
+            calls[key].clear()
+        idx = tokens(B=2, T=T, seed=T)[0]
+        cached = generate(model, idx, 20, top_k=1)
+        assert len(calls["decode"]) == 2 * max(0, 16 - T)                # decodes while there is room
+        assert len(calls["attention"]) == 2 * (20 - max(0, 16 - T))     # then a full window per token
+        assert torch.equal(cached, generate(model, idx, 20, top_k=1, kv_cache=False))
+    sampled = generate(model, idx, 20, temperature=0.8, seed=3)
+    assert torch.equal(sampled, generate(model, idx, 20, temperature=0.8, seed=3, kv_cache=False))
+
+
+def test_cached_forward_equals_the_full_forward():
+    model = tiny(n_kv_head=2, block=12).eval()
+    idx = tokens(B=2, T=10)[0]
+    cache = KVCache(model, 2)
+    assert cache.k.shape == cache.v.shape == (2, 2, 2, 12, 8) and cache.length == 0
+    with torch.no_grad():
+        full, _ = model(idx)                                             # (2, 10, 11)
+        prefill, _ = model(idx[:, :6], cache=cache)
+        steps = [model(idx[:, n:n + 1], cache=cache)[0] for n in range(6, 10)]
+    assert cache.length == 10
+    assert max_abs(prefill, full[:, :6]) <= 1e-12
+    assert max_abs(torch.cat(steps, dim=1), full[:, 6:]) <= 1e-12      # each token from the cache
+    assert (cache.k[:, :, :, 10:] == 0).all()                            # nothing written past length
+    assert cache.reset() is cache and cache.length == 0
+
+
+def test_kv_cache_bad_arguments():
+    model = tiny(block=8)
+    idx = torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(TypeError, match="kv_cache must be a bool, got int"):
+        generate(model, idx, 2, kv_cache=1)
+    with pytest.raises(TypeError, match="model must be a flashlib.models.GPT, got Linear"):
+        KVCache(torch.nn.Linear(2, 2), 2)
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
+        KVCache(model, 0)
+    with pytest.raises(TypeError, match="cache must be a flashlib.models.KVCache or None, got dict"):
+        with torch.no_grad():
+            model(idx, cache={})
+    cache = KVCache(model, 2)
+    with pytest.raises(ValueError, match="a KVCache is for generation"):
+        model(idx, cache=cache)                                          # grad enabled
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="for batch size 1"):
+            model(idx[:1], cache=cache)
+        with pytest.raises(ValueError, match="float32 on cpu"):
+            model(idx, cache=KVCache(tiny(block=8, dtype=torch.float32).cpu(), 2))
+        model(idx, cache=cache)
+        with pytest.raises(ValueError, match=r"non-empty cache \(length 3\) idx must hold one new token"):
+            model(idx, cache=cache)
+        for _ in range(5):
+            model(idx[:, :1], cache=cache)
+        with pytest.raises(ValueError, match=r"holds 8 of the block_size \(8\) positions"):
+            model(idx[:, :1], cache=cache)
+    assert cache.length == 8                                             # refused calls wrote nothing
 
 
 # --------------------------------------------------------------------------------------------------

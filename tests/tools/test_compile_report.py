@@ -9,12 +9,14 @@ from __future__ import annotations
 import pytest
 from conftest import require_module, require_tool
 
+from flashlib.kernels.triton import configs
+from flashlib.kernels.triton import spec as tspec
 from flashlib.tools import compile_report as fi
 from flashlib.hardware import ARCH_SMEM_LIMIT
 
 MATMUL_KERNELS = {"fa2_fwd", "fa2_bwd_dkdv", "fa2_bwd_dq", "decode_split"}
 # The one allowed spill: sm_90's dK/dV tile (M64-N64-w4-s2) is the fastest measured right on a real
-# H100 (flashlib/kernels/triton/configs.py); triton 3.9 spills 288 bytes for it when cross-compiling here.
+# H100 (flashlib/kernels/triton/configs.py); triton 3.9 spills 276 bytes for it when cross-compiling here.
 SPILL_ALLOWED = {("fa2_bwd_dkdv", "sm_90"): 512}
 
 
@@ -91,6 +93,43 @@ def test_every_row_names_its_compiler(report):
         want = f"triton {triton_version}" if r["backend"] == "triton" else "nvcc "
         assert r["compiler"].startswith(want), r
     assert f"triton {triton_version}" in fi.format_report(report).splitlines()[0]
+
+
+def test_triton_rows_are_the_kernels_their_specs_describe(rows):
+    names = [s.name for s in fi.triton_specs()]
+    for arch in fi.ARCHS:
+        assert [r["kernel"] for r in rows if r["arch"] == arch] == names
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
+def test_the_report_compiles_each_triton_kernel_as_its_spec_says(arch):
+    """Signatures, constexprs and configs come from the KernelSpecs (no compiler needed to check)."""
+    jobs = fi._triton_jobs(arch)
+    assert [s for s, *_ in jobs] == list(fi.triton_specs())
+    for s, signature, constexprs, cfg in jobs:
+        assert tuple(signature) == s.arg_names and tuple(constexprs) == s.constexprs
+        assert all(signature[n] == "constexpr" for n in s.constexprs)
+        assert cfg == (s.fixed if s.config is None else configs.arch_config(s, arch, fi.REPORT_HEAD_DIM, 2))
+        assert all(constexprs[n] == v for n, v in s.block_constexprs(cfg).items())
+        label = fi._config_label(s, constexprs, cfg)
+        assert f"w{cfg.num_warps}" in label and label.endswith(" causal") == ("CAUSAL" in s.constexprs)
+    labels = {s.name: fi._config_label(s, c, cfg) for s, _, c, cfg in jobs}
+    assert labels["fa2_bwd_preprocess"] == "M64-w4 d128 fp16"
+    assert labels["decode_combine"] == "S16-w4 d128 fp32->fp16"
+
+
+def test_a_constexpr_the_report_has_no_value_for_is_named(monkeypatch):
+    from flashlib.kernels.triton import tl, triton
+
+    @triton.jit
+    def kernel(X, N, NEW: tl.constexpr):
+        tl.store(X + tl.arange(0, NEW), N)
+
+    new = tspec.KernelSpec("new_kernel", kernel, pointers=dict(X="in"), strides=(), scalars=dict(N="i32"),
+                           constexprs=("NEW",), grid=lambda a: (1,), fixed=configs.Config(16, 0), uses_dot=False)
+    monkeypatch.setattr(fi, "triton_specs", lambda: (new,))
+    with pytest.raises(ValueError, match=r"no value for new_kernel's constexprs \['NEW'\]"):
+        fi._triton_jobs("sm_80")
 
 
 @pytest.mark.parametrize("archs", [(), ("ampere",), "sm80", (80,)])

@@ -33,11 +33,11 @@ def test_check_passes_for_the_reference_backend():
 
 
 def test_check_reports_a_wrong_backend_as_fail(monkeypatch):
-    from flashlib import api
-    real = api.BACKENDS["reference"]
-    broken = api.Backend("broken", lambda *a, **k: tuple(x * 1.01 for x in real.forward(*a, **k)),
-                         real.backward, real.decode, real.check)
-    monkeypatch.setitem(api.BACKENDS, "broken", broken)
+    from flashlib import backends
+    real = backends.BACKENDS["reference"]
+    broken = backends.Backend("broken", lambda *a, **k: tuple(x * 1.01 for x in real.forward(*a, **k)),
+                              real.backward, real.decode, real.check)
+    monkeypatch.setitem(backends.BACKENDS, "broken", broken)
     rows = selfcheck.check(["broken"])
     assert any(r["status"] == "FAIL" for r in rows)
     assert selfcheck.exit_code(rows) == 1
@@ -47,13 +47,13 @@ def test_check_reports_a_wrong_backend_as_fail(monkeypatch):
 
 def test_check_never_crashes_a_raising_backend_is_an_error_row(monkeypatch):
     """On an H100 the cuda backend raised BufferError and `check` died with a traceback."""
-    from flashlib import api
-    real = api.BACKENDS["reference"]
+    from flashlib import backends
+    real = backends.BACKENDS["reference"]
 
     def explode(*a, **k):
         raise BufferError("cupy.from_dlpack: tensors that require grad cannot be exported")
-    monkeypatch.setitem(api.BACKENDS, "explodes", api.Backend("explodes", explode, real.backward, explode,
-                                                              real.check))
+    monkeypatch.setitem(backends.BACKENDS, "explodes",
+                        backends.Backend("explodes", explode, real.backward, explode, real.check))
     rows = selfcheck.check(["explodes", "reference"])
     mine = [r for r in rows if r["backend"] == "explodes"]
     assert mine and {r["status"] for r in mine} == {"error"}
@@ -64,13 +64,13 @@ def test_check_never_crashes_a_raising_backend_is_an_error_row(monkeypatch):
 
 
 def test_info_tries_each_backend_instead_of_claiming(monkeypatch):
-    from flashlib import api
-    real = api.BACKENDS["reference"]
+    from flashlib import backends
+    real = backends.BACKENDS["reference"]
 
     def explode(*a, **k):
         raise RuntimeError("cannot open source file crt/mma.h")
-    monkeypatch.setitem(api.BACKENDS, "static", api.Backend("static", explode, real.backward, explode,
-                                                            real.check, "claims to work"))
+    monkeypatch.setitem(backends.BACKENDS, "static",
+                        backends.Backend("static", explode, real.backward, explode, real.check, "claims to work"))
     ok, why = selfcheck.info()["backends"]["static"]
     assert ok is False and "crt/mma.h" in why
 
@@ -86,18 +86,18 @@ def test_determinism_row_catches_a_backward_that_changes_between_calls(monkeypat
     on the reference backend, once honest and once with noise added on every call."""
     import torch
 
-    from flashlib import api
+    from flashlib import backends
     dev = torch.device("cpu")
     small = (1, 2, 1, 9, 13, 16, True)
     assert "bit-for-bit" in selfcheck._determinism_one("reference", torch.float32, dev, small)
-    real = api.BACKENDS["reference"]
+    real = backends.BACKENDS["reference"]
     calls = []
 
     def noisy_backward(*a, **k):
         calls.append(1)
         return tuple(g + len(calls) * 1e-7 for g in real.backward(*a, **k))
-    monkeypatch.setitem(api.BACKENDS, "noisy", api.Backend("noisy", real.forward, noisy_backward,
-                                                           real.decode, real.check))
+    monkeypatch.setitem(backends.BACKENDS, "noisy", backends.Backend("noisy", real.forward, noisy_backward,
+                                                                     real.decode, real.check))
     with pytest.raises(AssertionError, match="not deterministic"):
         selfcheck._determinism_one("noisy", torch.float32, dev, small)
 

@@ -17,9 +17,10 @@ Explained in: notebooks/08_cuda.
 from __future__ import annotations
 
 import concurrent.futures
-import numbers
 import os
 
+from ...validation import check_cache_seqlens, check_num_splits, check_scale, check_tensors
+from ...tools import toolchain
 from . import build, launch
 from .launch import EmulatorError, LaunchSpec
 
@@ -28,7 +29,6 @@ __all__ = ["forward", "decode", "compile_rows", "compile_configs", "prebuild", "
 
 SOURCES = {"v1": "fa2_fwd_v1_scalar.cu", "v2": "fa2_fwd_v2_wmma.cu", "decode": "decode_splitkv.cu"}
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
-MAX_HEAD_DIM = 256
 _VERSION_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16")}
 
 
@@ -36,6 +36,8 @@ def source(version: str):
     """The CUDA source of ``version`` ("v1", "v2" or "decode"): an IPython Code object in a notebook.
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_kernels.py.
     """
     if version not in SOURCES:
         raise ValueError(f"version must be one of {sorted(SOURCES)}, got {version!r}")
@@ -52,6 +54,8 @@ def prebuild(versions=("v1", "v2", "decode"), sanitizers=(None,)):
     take seconds each; later calls find them in the cache). Returns their paths.
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_kernels.py.
     """
     jobs = [(SOURCES[v], s) for v in versions for s in sanitizers]
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
@@ -79,11 +83,6 @@ def _as_tensor(x, name):
     raise TypeError(f"{name} must be a torch.Tensor or a NumPy array, got {type(x).__name__}")
 
 
-def _check_4d(t, name):
-    if t.dim() != 4:
-        raise ValueError(f"{name} must have shape (B, H, N, d), got {tuple(t.shape)}")
-
-
 def _check_sanitizer(sanitizer, device_type):
     if sanitizer not in build.SANITIZERS:
         raise ValueError(f"sanitizer must be None, 'address' or 'thread', got {sanitizer!r}")
@@ -92,40 +91,11 @@ def _check_sanitizer(sanitizer, device_type):
                          "(on a GPU use compute-sanitizer)")
 
 
-def _check_qkv(q, k, v, kname: str, vname: str, n: str):
-    """q ``(B, H, Nq, d)``, k and v ``(B, Hkv, n, d)`` alike, H % Hkv == 0, one dtype; returns
-    ``((q, q_was_torch), k, v)`` as tensors."""
-    (q, q_torch), (k, _), (v, _) = _as_tensor(q, "q"), _as_tensor(k, kname), _as_tensor(v, vname)
-    for name, t in (("q", q), (kname, k), (vname, v)):
-        _check_4d(t, name)
-    b, h, _, d = q.shape
-    hkv = k.shape[1]
-    if k.shape[0] != b or k.shape[3] != d or v.shape != k.shape:
-        raise ValueError(f"{kname} and {vname} must be (B, Hkv, {n}, d) = ({b}, Hkv, {n}, {d}) alike, "
-                         f"got {kname} {tuple(k.shape)}, {vname} {tuple(v.shape)}")
-    if hkv < 1 or h % hkv:
-        raise ValueError(f"the number of query heads H={h} must be a multiple of kv heads Hkv={hkv}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, {kname} and {vname} must share a dtype, got {q.dtype}, {k.dtype}, "
-                        f"{v.dtype}")
-    return (q, q_torch), k, v
-
-
-def _scale(scale, d):
-    if scale is None:
-        return float(d) ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    if scale != scale or scale in (float("inf"), float("-inf")):
-        raise ValueError(f"scale must be finite, got {scale}")
-    return float(scale)
-
-
 def _dtype_name(t) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-def _pick_version(dtype: str, d: int, version):
+def _pick_version(dtype: str, version):
     if version is None:
         version = "v1" if dtype == "float32" else "v2" if dtype in ("float16", "bfloat16") else None
         if version is None:
@@ -135,8 +105,6 @@ def _pick_version(dtype: str, d: int, version):
     if dtype not in _VERSION_DTYPES[version]:
         raise TypeError(f"CUDA kernel {version} supports dtypes {', '.join(_VERSION_DTYPES[version])}; got {dtype}"
                         + (" (use version='v2' or None)" if version == "v1" else " (use version='v1' or None)"))
-    if not 1 <= d <= MAX_HEAD_DIM:
-        raise ValueError(f"CUDA kernel {version} supports head dims 1..{MAX_HEAD_DIM}; got d={d}")
     return version
 
 
@@ -170,19 +138,18 @@ def forward(q, k, v, *, causal=False, scale=None, version=None, sanitizer=None):
         tensors); :class:`EmulatorError` when the emulator or a sanitizer stops the run.
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_kernels.py.
     """
     torch = _torch()
-    (q, q_torch), k, v = _check_qkv(q, k, v, "k", "v", "Nk")
+    (q, q_torch), (k, _), (v, _) = _as_tensor(q, "q"), _as_tensor(k, "k"), _as_tensor(v, "v")
+    check_tensors(q, k, v)
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    if nq < 1 or nk < 1:
-        raise ValueError(f"Nq and Nk must be >= 1, got Nq={nq}, Nk={nk}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
     dtype = _dtype_name(q)
-    version = _pick_version(dtype, d, version)
+    version = _pick_version(dtype, version)
     _check_sanitizer(sanitizer, q.device.type)
-    scale = _scale(scale, d)
+    scale = check_scale(scale, d)
     if version == "v1":
         specs = launch.v1_launch(b, h, hkv, nq, nk, d, scale, bool(causal))
     else:
@@ -204,8 +171,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal
 
     Args:
         q ``(B, H, Nq, d)`` (decoding: Nq = 1); k_cache, v_cache ``(B, Hkv, Nmax, d)``, H % Hkv == 0.
-        cache_seqlens: ``(B,)`` ints in ``[0, Nmax]``; sequence b attends to keys ``[0, cache_seqlens[b])``
-            only (0 keys: o = 0, lse = -inf).
+        cache_seqlens: ``(B,)`` int32/int64 in ``[0, Nmax]``, on q's device; sequence b attends to keys
+            ``[0, cache_seqlens[b])`` only (0 keys: o = 0, lse = -inf).
         num_splits: contiguous key chunks per sequence (>= 1), split as
             :func:`flashlib.ladder.decoding.split_bounds` does; each chunk is one block of the split kernel.
         scale: ``d ** -0.5`` by default. causal: bottom-right within each sequence's own length
@@ -216,30 +183,23 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal
         ``o`` like q, ``lse (B, H, Nq)`` float32.
 
     Explained in: notebooks/08_cuda (and notebooks/06_flash_decoding for the algorithm).
+
+    Tested in: tests/kernels/cuda/test_cuda_kernels.py.
     """
     torch = _torch()
-    (q, q_torch), k, v = _check_qkv(q, k_cache, v_cache, "k_cache", "v_cache", "Nmax")
+    (q, q_torch), (k, _), (v, _) = (_as_tensor(q, "q"), _as_tensor(k_cache, "k_cache"),
+                                    _as_tensor(v_cache, "v_cache"))
+    check_tensors(q, k, v, k_name="k_cache", v_name="v_cache")
     b, h, nq, d = q.shape
     hkv, nmax = k.shape[1], k.shape[2]
     dtype = _dtype_name(q)
     short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(dtype)
     if short is None:
         raise TypeError(f"CUDA decode supports float32, float16 and bfloat16; got {dtype}")
-    if not 1 <= d <= MAX_HEAD_DIM:
-        raise ValueError(f"CUDA decode supports head dims 1..{MAX_HEAD_DIM}; got d={d}")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 1:
-        raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
-    if nq < 1 or nmax < 1:
-        raise ValueError(f"Nq and Nmax must be >= 1, got Nq={nq}, Nmax={nmax}")
-    seq, _ = _as_tensor(cache_seqlens, "cache_seqlens")
-    if seq.dim() != 1 or seq.shape[0] != b or seq.dtype.is_floating_point or seq.dtype == torch.bool:
-        raise ValueError(f"cache_seqlens must be a 1-D integer tensor of length B={b}, got "
-                         f"{tuple(seq.shape)} {seq.dtype}")
-    lo, hi = int(seq.min()), int(seq.max())
-    if lo < 0 or hi > nmax:
-        raise ValueError(f"cache_seqlens must lie in [0, Nmax={nmax}], got min {lo}, max {hi}")
+    num_splits = check_num_splits(num_splits)
+    seq = check_cache_seqlens(_as_tensor(cache_seqlens, "cache_seqlens")[0], q, nmax)
     _check_sanitizer(sanitizer, q.device.type)
-    scale = _scale(scale, d)
+    scale = check_scale(scale, d)
     specs = launch.decode_launch(b, h, hkv, nq, nmax, d, scale, bool(causal), int(num_splits), short)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     seq = seq.to(device=q.device, dtype=torch.int32).contiguous()
@@ -258,7 +218,11 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal
 
 
 def compile_configs():
-    """The (version, LaunchSpec) pairs the compile report covers: each kernel at d = 64, 128 and 256."""
+    """The (version, LaunchSpec) pairs the compile report covers: each kernel at d = 64, 128 and 256.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_compile.py.
+    """
     out = []
     for d in (64, 128, 256):
         out += [("v1", s) for s in launch.v1_launch(1, 1, 1, 128, 128, d, 1.0, True)]
@@ -281,9 +245,11 @@ def compile_rows(archs=ARCHS) -> list[dict]:
     tool when nvcc or cuobjdump is missing.
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_compile.py.
     """
     archs = [archs] if isinstance(archs, str) else list(archs)
-    compiler = build.nvcc_label()
+    compiler = toolchain.tool_label("nvcc")
     rows = []
     usage = {}
     pairs = sorted({(spec.source, arch) for arch in archs for _, spec in compile_configs()})

@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ...hardware import flat_programs
+from ...tools import toolchain
 from . import build, toolkit
 
 __all__ = ["LaunchSpec", "SMEM_BUDGET", "flat_grid", "v1_launch", "v2_launch",
@@ -34,9 +35,11 @@ __all__ = ["LaunchSpec", "SMEM_BUDGET", "flat_grid", "v1_launch", "v2_launch",
 # (cudaFuncSetAttribute). A T4 could opt into 64 KB; staying at 48 KB keeps one code path everywhere.
 SMEM_BUDGET = 48 * 1024
 
-V1_BC = 16          # must match fa2_fwd_v1_scalar.cu
-V2_BC = 32          # must match fa2_fwd_v2_wmma.cu
-DECODE_THREADS = 128  # must match decode_splitkv.cu (4 warps)
+# The kernels' own constants, read from their sources (build.cu_constant), so that Python's geometry
+# cannot drift from the .cu: keys per K/V tile in v1 and v2, threads per decode block.
+V1_BC = build.cu_constant("fa2_fwd_v1_scalar.cu", "V1_BC")
+V2_BC = build.cu_constant("fa2_fwd_v2_wmma.cu", "BC")
+DECODE_THREADS = build.cu_constant("decode_splitkv.cu", "THREADS")
 # Every kernel here flattens its (block, head, batch) index into blockIdx.x and decodes it in the kernel,
 # so that any B x H that fits in memory launches (with H in y and B in z, B = 100,000 sequences could
 # not): flashlib.hardware.CUDA_GRID_MAX holds CUDA's limits.
@@ -48,6 +51,9 @@ class LaunchSpec:
 
     ``args`` are ``("buf", name)`` (a tensor from the buffer table), ``("i32", int)`` or
     ``("f32", float)``, in the kernel's parameter order. ``config`` is a short human description.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_emulator.py.
     """
     source: str
     kernel: str
@@ -68,6 +74,8 @@ def flat_grid(*counts: int) -> tuple[int, int, int]:
     Raises ValueError outside CUDA's gridDim.x limit (:func:`flashlib.hardware.flat_programs`).
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
     return (flat_programs(*counts), 1, 1)
 
@@ -87,6 +95,9 @@ def v1_launch(b, h, hkv, nq, nk, d, scale, causal) -> list[LaunchSpec]:
     """v1 (``fa2_fwd_v1_f32``): one block per (BR query rows, head, batch), one thread per row.
 
     The grid is 1-D: blockIdx.x = (batch * H + head) * tiles + tile, with tiles = ceil(nq / BR).
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
     br, smem = v1_tile(d)
     return [LaunchSpec("fa2_fwd_v1_scalar.cu", "fa2_fwd_v1_f32", flat_grid(_cdiv(nq, br), h, b), (br, 1, 1), smem,
@@ -114,7 +125,11 @@ def v2_tile(d: int) -> tuple[int, int]:
 
 def v2_launch(b, h, hkv, nq, nk, d, scale, causal, dtype: str) -> list[LaunchSpec]:
     """v2 (``fa2_fwd_v2_f16`` / ``fa2_fwd_v2_bf16``): one block of BR/16 warps per Q tile, 1-D grid
-    indexed as v1's."""
+    indexed as v1's.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_launch.py.
+    """
     br, smem = v2_tile(d)
     return [LaunchSpec("fa2_fwd_v2_wmma.cu", f"fa2_fwd_v2_{dtype}", flat_grid(_cdiv(nq, br), h, b), (2 * br, 1, 1),
                        smem, (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "o"), ("buf", "lse"),
@@ -128,11 +143,15 @@ def decode_launch(b, h, hkv, nq, nmax, d, scale, causal, num_splits, dtype: str)
     """Flash-Decoding: ``decode_split_<dtype>`` then ``decode_combine_<dtype>``.
 
     Split kernel: one block per (split, head, batch), blockIdx.x = (batch * H + head) * S + split,
-    4 warps; dynamic shared memory holds one query row (d floats) and the 4 warps' partial states. It
-    writes ``o_parts (S, B, H, nq, d)`` and ``lse_parts (S, B, H, nq)`` in fp32. Combine kernel: one
-    block per output row, blockIdx.x = (batch * H + head) * nq + query, 128 threads over d.
+    DECODE_THREADS threads (4 warps); dynamic shared memory holds one query row (d floats) and each
+    warp's partial state (m, l, O: d + 2 floats). It writes ``o_parts (S, B, H, nq, d)`` and
+    ``lse_parts (S, B, H, nq)`` in fp32. Combine kernel: one block per output row,
+    blockIdx.x = (batch * H + head) * nq + query, DECODE_THREADS threads over d.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
-    smem = (d + 4 * (d + 2)) * 4
+    smem = (d + DECODE_THREADS // 32 * (d + 2)) * 4
     common = (("i32", b), ("i32", h), ("i32", hkv), ("i32", nq), ("i32", nmax), ("i32", d))
     split = LaunchSpec("decode_splitkv.cu", f"decode_split_{dtype}", flat_grid(num_splits, h, b),
                        (DECODE_THREADS, 1, 1), smem,
@@ -149,7 +168,11 @@ def decode_launch(b, h, hkv, nq, nmax, d, scale, causal, num_splits, dtype: str)
 
 # ---- the emulator path ----------------------------------------------------------------------------
 class EmulatorError(RuntimeError):
-    """The emulator (or a sanitizer inside it) stopped a launch; ``report`` holds its stderr."""
+    """The emulator (or a sanitizer inside it) stopped a launch; ``report`` holds its stderr.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_kernels.py.
+    """
 
     def __init__(self, message: str, report: str):
         super().__init__(message)
@@ -200,6 +223,9 @@ def run_emulated(specs, buffers: dict, outputs, *, sanitizer=None, source=None, 
 
     Raises:
         EmulatorError: the child failed; the message quotes the first lines of its report.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_kernels.py.
     """
     import torch
 
@@ -260,7 +286,7 @@ def _gpu_module(cupy, source: str, arch: str):
 
     Explained in: notebooks/08_cuda.
     """
-    dirs, nvcc = _include_dirs(), build.find_tool("nvcc")
+    dirs, nvcc = _include_dirs(), toolchain.find_tool("nvcc")
     if dirs is not None:
         mod = cupy.RawModule(code=(build.CSRC / source).read_text(), backend="nvrtc",
                              options=("-std=c++17", *(f"-I{d}" for d in dirs)))
@@ -301,6 +327,8 @@ def to_cupy(cupy, t):
     2-byte dtypes are passed as int16 (CuPy has no bfloat16; the kernel reads the same bytes).
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
     import torch
 
@@ -326,6 +354,8 @@ def run_gpu(specs, buffers: dict) -> dict:
     """Run ``specs`` on the GPU that holds the CUDA tensors in ``buffers`` (outputs written in place).
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
     import cupy
     import numpy as np

@@ -49,6 +49,8 @@ class Candidate:
     """One place tried: where it came from, its include dirs, and what it lacks (empty: it qualifies).
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
     origin: str
     dirs: tuple[pathlib.Path, ...]
@@ -64,6 +66,8 @@ def includes(text: str) -> list[tuple[str, bool]]:
     for ``<name>``.
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
     return [(name.strip(), mark == '"') for mark, name in _INCLUDE_RE.findall(text)]
 
@@ -74,6 +78,8 @@ def required_headers(sources=None) -> tuple[str, ...]:
     ``sources``: paths of ``.cu`` files (default: every file in ``flashlib/kernels/cuda/csrc``).
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
     paths = sorted(CSRC.glob("*.cu")) if sources is None else [pathlib.Path(p) for p in sources]
     return tuple(sorted({name for p in paths for name, _ in includes(p.read_text())}))
@@ -89,6 +95,8 @@ def missing_headers(dirs, headers=None) -> tuple[str, ...]:
     ``__CUDACC_RTC__``. Returns names such as ``"crt/mma.h (included by mma.h)"``; empty when complete.
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
     dirs = [pathlib.Path(d) for d in dirs]
     todo = [(name, None) for name in (required_headers() if headers is None else headers)]
@@ -169,6 +177,8 @@ def candidates(env=None, *, prefixes=PREFIXES, site_dirs=None, cupy_cuda_path=_c
         cupy_cuda_path: a function returning CuPy's CUDA path or None.
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
     env = os.environ if env is None else env
     out = []
@@ -194,6 +204,8 @@ def search(env=None, *, headers=None, stop=True, **where) -> list[Candidate]:
     including the first complete one (all of them with ``stop=False``). ``where``: as :func:`candidates`.
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
     tried, checked = [], {}
     for origin, dirs in candidates(env, **where):
@@ -210,6 +222,8 @@ def find_include_dirs(env=None, **kw) -> list[pathlib.Path] | None:
     """The ``-I`` directories of the first complete candidate (one dir, or a wheel set), or None.
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
     tried = search(env, **kw)
     return list(tried[-1].dirs) if tried and tried[-1].ok else None
@@ -219,6 +233,8 @@ def explain(tried) -> str:
     """One line per :class:`Candidate` tried: where, which dirs, what it lacks.
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/test_ops.py.
     """
     lines = []
     for c in tried:
@@ -235,6 +251,8 @@ def not_found_error(tried, headers=None) -> RuntimeError:
     kernels need, every place tried with what it lacked, and how to fix it.
 
     Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
     need = ", ".join(required_headers() if headers is None else headers)
     return RuntimeError(

@@ -5,16 +5,21 @@ One file per kernel, each opening with what changed from the version before it:
 * :mod:`flashlib.kernels.triton.fa2_fwd` — FA2 forward (one program per query block and batch·head);
 * :mod:`flashlib.kernels.triton.fa2_bwd` — FA2 backward (D preprocess, dK/dV per key block, dQ per query block);
 * :mod:`flashlib.kernels.triton.decode` — Flash-Decoding (split-KV partial attention, then an LSE combine);
-* :mod:`flashlib.kernels.triton.configs` — block sizes per architecture, pruned by its shared-memory limit.
+* :mod:`flashlib.kernels.triton.configs` — block sizes per architecture, pruned by its shared-memory limit;
+* :mod:`flashlib.kernels.triton.kit` — the @triton.jit helpers the kernels share (grid decode, key and
+  query ranges, tile loads, the online-softmax step and its inner loop, the masks) and named constants;
+* :mod:`flashlib.kernels.triton.spec` — :class:`~flashlib.kernels.triton.spec.KernelSpec`, each kernel's
+  arguments, constexprs, grid and shared-memory estimate written once beside it, read by its launcher,
+  by ``configs`` and by the compile report.
 
 Grids. Every kernel launches a one-dimensional grid (:func:`flat_grid`): CUDA allows 2^31 - 1
 programs on axis 0 but only 65,535 on axes 1 and 2, so a (blocks, batch·heads) grid failed at
 B·H > 65,535 (B = 1024, H = 128: "invalid argument"). A kernel decodes its block and its batch·head
-from ``tl.program_id(0)``; the blocks of one head are consecutive programs, so they run side by side
+from ``tl.program_id(0)`` (``kit.unflatten``); the blocks of one head are consecutive programs, so they run side by side
 and share that head's K/V in L2.
 
-Interpreter or compiler. Triton fixes its mode when ``triton`` is first imported (see the project's
-FACTS): with ``TRITON_INTERPRET=1`` every kernel runs on CPU tensors in Triton's NumPy interpreter,
+Interpreter or compiler. Triton fixes its mode when ``triton`` is first imported (it reads
+``TRITON_INTERPRET`` once, in ``triton.runtime.interpreter``'s import-time setup of ``tl``): with ``TRITON_INTERPRET=1`` every kernel runs on CPU tensors in Triton's NumPy interpreter,
 without it every kernel is compiled for the GPU. Importing this package on a machine with no CUDA
 device sets ``TRITON_INTERPRET=1`` *before* the first ``import triton`` (unless the variable is already
 set, which we respect), so ``flashlib.attention(..., backend="triton")`` runs on CPU tensors with no
@@ -57,6 +62,9 @@ def interpreting() -> bool:
 
     Triton decorates its own helpers (``tl.max``, ``tl.sum``...) when it is imported, as interpreted
     or as compiled functions; their type tells which mode this process is in for good.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_configs.py.
     """
     return type(tl.standard.max).__name__ == "InterpretedFunction"
 
@@ -65,7 +73,11 @@ INTERPRET: bool = interpreting()
 
 
 def check_tensors(*tensors) -> None:
-    """Refuse tensors this process cannot run Triton kernels on, saying what to do instead."""
+    """Refuse tensors this process cannot run Triton kernels on, saying what to do instead.
+
+    Explained in: notebooks/10_beyond_one_gpu.
+    Tested in: tests/test_validation.py.
+    """
     devices = {t.device.type for t in tensors}
     if INTERPRET and devices != {"cpu"}:
         raise RuntimeError(
@@ -88,5 +100,7 @@ def flat_grid(*counts: int) -> tuple[int]:
     CUDA's 2^31 - 1 programs (:func:`flashlib.hardware.flat_programs`; about 10^11 query rows at 64
     rows per program: memory runs out first).
     Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/triton/test_triton_kit.py.
     """
     return (flat_programs(*counts),)

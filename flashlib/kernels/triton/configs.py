@@ -7,30 +7,37 @@
 #   still cross several blocks (the masks are what tests must reach).
 # Idea: FlashAttention-2's per-GPU tile choices; pruning by shared memory as Triton's autotuner
 #   `prune_configs_by` hook does (we choose by rule, not by timing: no GPU to time on here).
-# Limits: the estimate is the tiles' bytes (Q, and K/V times the pipeline depth); the compile report
+# Limits: the estimate is the tiles' bytes (Q, and K/V times the pipeline depth), written beside each
+#   kernel in its KernelSpec (flashlib.kernels.triton.spec): the functions that choose a config take
+#   that spec (its `config` names the table, its `smem` estimates the tiles); the compile report
 #   (flashlib.tools.compile_report.compile_report) measures the real figure and the tests check it fits.
 # Correctness before speed: a config is only in a table if it was shown right and bitwise deterministic
 #   on a real GPU, and :func:`hazard` refuses the class of configs a real H100 showed wrong (below).
-# Run: pick_config("fwd", q.device, block_d=128, elem_bytes=2).
+# Run: pick_config(fa2_fwd.SPEC, q.device, block_d=128, elem_bytes=2).
 """Per-architecture kernel configurations.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...hardware import ARCH_SMEM_LIMIT
+from .spec import KernelSpec
 
-__all__ = ["Config", "KERNELS", "CANDIDATES", "SM75", "SM90", "INTERPRETER", "hazard", "safe", "smem_estimate", "arch_config",
+__all__ = ["Config", "KERNELS", "CANDIDATES", "SM75", "SM90", "INTERPRETER", "hazard", "safe", "arch_config",
            "arch_candidates", "pick_config", "launch", "run_with_fallback", "device_arch",
            "check_dtype_arch"]
 
 # On sm_75 Triton stages both operands of its FFMA dot through shared memory: the compile report
-# measured 1.2-1.9x the tile bytes of smem_estimate there (at or below it on sm_80+).
+# measured 1.2-1.9x the tile bytes of a KernelSpec's smem estimate there (at or below it on sm_80+).
 SM75_SMEM_FACTOR = 2
 
 
 @dataclass(frozen=True)
 class Config:
-    """One launch configuration: query rows per program, keys per step, warps, pipeline stages."""
+    """One launch configuration: query rows per program, keys per step, warps, pipeline stages.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_configs.py.
+    """
     block_m: int
     block_n: int
     num_warps: int = 4
@@ -80,7 +87,7 @@ CANDIDATES: dict[str, list[Config]] = {
 # sm_90 (H100): the backward pair measured fastest among those measured right (B4 H16 N8192 d128 fp16,
 # TFLOP/s with FA2's count, triton 3.6, 2026-11-23): dK/dV M64-N64-w4-s2 + dQ M64-N64-w4-s2 = 379
 # (the old M32-N64-w8-s2 + M128-N32-w8-s2: 175, and wrong); dK/dV with 8 warps or N128: 143-346; at
-# d = 64 these pairs gave 253-274. triton 3.9 spills 288 bytes for this dK/dV tile on sm_90.
+# d = 64 these pairs gave 253-274. triton 3.9 spills 276 bytes for this dK/dV tile on sm_90.
 SM90: dict[str, list[Config]] = {
     **CANDIDATES,
     "bwd_dkdv": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 2), Config(16, 32, 4, 1)],
@@ -102,7 +109,10 @@ def hazard(kernel: str, cfg: Config) -> str | None:
     """Why ``cfg`` must not run ``kernel`` on a GPU, or None. The one class shown wrong on a real GPU:
     the dK/dV kernel pipelined (num_stages >= 2) with block_m < 64 <= block_n (see above).
 
-    Explained in: notebooks/07_triton."""
+    Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/triton/test_triton_configs.py.
+    """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if not isinstance(cfg, Config):
@@ -116,24 +126,21 @@ def hazard(kernel: str, cfg: Config) -> str | None:
 def safe(kernel: str, cfg: Config) -> Config:
     """``cfg``, or its un-pipelined twin (num_stages = 1) if :func:`hazard` refuses it.
 
-    Explained in: notebooks/07_triton."""
+    Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/triton/test_triton_configs.py.
+    """
     return cfg if hazard(kernel, cfg) is None else Config(cfg.block_m, cfg.block_n, cfg.num_warps, 1)
 
 
-def smem_estimate(kernel: str, cfg: Config, block_d: int, elem_bytes: int) -> int:
-    """Shared-memory bytes of the tiles a program stages: resident tile + pipelined tiles x stages."""
-    stages = max(1, cfg.num_stages)
-    if kernel in ("fwd", "decode"):            # Q resident; K and V streamed
-        resident, streamed = cfg.block_m * block_d, 2 * cfg.block_n * block_d
-    elif kernel == "bwd_dkdv":                 # K, V resident; Q and dO streamed, plus the P/dS tile
-        resident = 2 * cfg.block_n * block_d + 2 * cfg.block_m * cfg.block_n
-        streamed = 2 * cfg.block_m * block_d
-    elif kernel == "bwd_dq":                   # Q, dO resident; K and V streamed, plus the dS tile
-        resident = 2 * cfg.block_m * block_d + cfg.block_m * cfg.block_n
-        streamed = 2 * cfg.block_n * block_d
-    else:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    return (resident + stages * streamed) * elem_bytes
+def _table_spec(kernel) -> KernelSpec:
+    """``kernel`` checked: the KernelSpec of a kernel that has a config table (e.g. fa2_fwd.SPEC)."""
+    if not isinstance(kernel, KernelSpec) or kernel.config not in KERNELS:
+        got = f"{type(kernel).__name__} {kernel!r}" if not isinstance(kernel, KernelSpec) else \
+            f"the spec of {kernel.name}, which has a fixed config"
+        raise TypeError(f"kernel must be the KernelSpec of a kernel with a config table {KERNELS} "
+                        f"(e.g. fa2_fwd.SPEC), got {got}")
+    return kernel
 
 
 def _cc(arch: str) -> int:
@@ -148,49 +155,70 @@ def _limit_bytes(arch: str) -> int:
     return ARCH_SMEM_LIMIT[max(known, key=_cc)] * 1024 if known else 48 * 1024
 
 
-def arch_candidates(kernel: str, arch: str, block_d: int, elem_bytes: int, *,
+def arch_candidates(kernel: KernelSpec, arch: str, block_d: int, elem_bytes: int, *,
                     limit: int | None = None) -> list[Config]:
-    """The candidates for ``kernel`` on ``arch`` that fit its shared memory, largest first (at least the
-    smallest candidate, even if its estimate does not fit: the launch then says so)."""
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    cc = _cc(arch)
+    """The candidates of ``kernel``'s table (``kernel.config``) on ``arch`` whose shared-memory estimate
+    (``kernel.smem``, written beside the kernel) fits, largest first — at least the smallest candidate,
+    even if its estimate does not fit: the launch then says so.
+
+    Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/triton/test_triton_configs.py.
+    """
+    spec = _table_spec(kernel)
+    kernel, cc = spec.config, _cc(arch)
     table = SM75 if cc < 80 else SM90 if cc >= 90 else CANDIDATES
     factor = SM75_SMEM_FACTOR if cc < 80 else 1
     limit = _limit_bytes(arch) if limit is None else limit
-    fits = [c for c in table[kernel] if factor * smem_estimate(kernel, c, block_d, elem_bytes) <= limit]
+    fits = [c for c in table[kernel] if factor * spec.smem(c, block_d, elem_bytes) <= limit]
     return fits or [table[kernel][-1]]
 
 
-def arch_config(kernel: str, arch: str, block_d: int, elem_bytes: int, *, limit: int | None = None) -> Config:
-    """The first candidate for ``kernel`` whose shared-memory estimate fits ``arch`` (e.g. "sm_80")."""
+def arch_config(kernel: KernelSpec, arch: str, block_d: int, elem_bytes: int, *, limit: int | None = None) -> Config:
+    """The first candidate for ``kernel`` whose shared-memory estimate fits ``arch`` (e.g. "sm_80").
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_configs.py.
+    """
     return arch_candidates(kernel, arch, block_d, elem_bytes, limit=limit)[0]
 
 
 def device_arch(device) -> str:
-    """``"sm_XY"`` of a CUDA device."""
+    """``"sm_XY"`` of a CUDA device.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/gpu/test_compile_report_gpu.py.
+    """
     import torch
     major, minor = torch.cuda.get_device_capability(device)
     return f"sm_{major}{minor}"
 
 
-def _device_candidates(kernel: str, device, block_d: int, elem_bytes: int) -> list[Config]:
+def _device_candidates(kernel: KernelSpec, device, block_d: int, elem_bytes: int) -> list[Config]:
     if device.type != "cuda":
-        return [INTERPRETER[kernel]]
+        return [INTERPRETER[_table_spec(kernel).config]]
     import torch
     props = torch.cuda.get_device_properties(device)
     limit = getattr(props, "shared_memory_per_block_optin", None)   # the device's own figure if known
     return arch_candidates(kernel, device_arch(device), block_d, elem_bytes, limit=limit)
 
 
-def pick_config(kernel: str, device, block_d: int, elem_bytes: int) -> Config:
-    """The config for ``kernel`` on ``device``: the interpreter's on CPU, else :func:`arch_config`."""
+def pick_config(kernel: KernelSpec, device, block_d: int, elem_bytes: int) -> Config:
+    """The config for ``kernel`` on ``device``: the interpreter's on CPU, else :func:`arch_config`.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_configs.py.
+    """
     return _device_candidates(kernel, device, block_d, elem_bytes)[0]
 
 
 def run_with_fallback(run, candidates):
     """``run(cfg)`` with the first candidate; while Triton raises OutOfResources (more shared memory or
-    registers than the device has: our estimate was wrong), retry with the next, smaller one."""
+    registers than the device has: our estimate was wrong), retry with the next, smaller one.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_configs.py.
+    """
     from triton.runtime.errors import OutOfResources
     for i, cfg in enumerate(candidates):
         try:
@@ -200,17 +228,25 @@ def run_with_fallback(run, candidates):
                 raise
 
 
-def launch(kernel: str, device, block_d: int, elem_bytes: int, run, config: Config | None = None):
-    """Launch ``run(cfg)`` for ``kernel``: with ``config`` if given, else the device's candidates
-    in order (:func:`run_with_fallback`)."""
+def launch(kernel: KernelSpec, device, block_d: int, elem_bytes: int, run, config: Config | None = None):
+    """Launch ``run(cfg)`` for ``kernel`` (its KernelSpec): with ``config`` if given (made :func:`safe`),
+    else the device's candidates in order (:func:`run_with_fallback`).
+
+    Explained in: notebooks/06_flash_decoding.
+    Tested in: tests/kernels/triton/test_triton_configs.py.
+    """
     if config is not None:
-        return run(safe(kernel, config))
+        return run(safe(_table_spec(kernel).config, config))
     return run_with_fallback(run, _device_candidates(kernel, device, block_d, elem_bytes))
 
 
 def check_dtype_arch(dtype_name: str, arch: str) -> None:
     """Refuse bfloat16 before sm_80: no bf16 tensor-core instructions (and Triton fails to compile it
-    on a T4). ``dtype_name`` like "bfloat16", ``arch`` like "sm_75"."""
+    on a T4). ``dtype_name`` like "bfloat16", ``arch`` like "sm_75".
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_configs.py.
+    """
     if dtype_name == "bfloat16" and _cc(arch) < 80:
         raise ValueError(f"backend='triton': bfloat16 needs compute capability 8.0 (sm_80) or newer; this "
                          f"GPU is {arch} (e.g. a T4). Use float16 on this GPU.")

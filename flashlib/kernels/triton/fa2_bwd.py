@@ -9,10 +9,13 @@
 #   The ladder's line 15 adds into dQ from every key block (atomic adds on a GPU: order-dependent,
 #   not bitwise reproducible). Splitting dQ into its own kernel recomputes P once more but makes the
 #   backward deterministic: every output element is written by exactly one program, no atomics.
-#   Causal: query blocks that cannot see a key block are skipped, only the diagonal blocks are masked;
-#   rows that see no key (lse = -inf) get P = 0, so their gradients are 0, not NaN.
+#   Causal: query blocks that cannot see a key block are skipped, only the diagonal blocks are masked,
+#   with the forward's ranges and masks (flashlib.kernels.triton.kit: key_range, query_range, mask_*);
+#   each loop stays one loop that tests its block (kit says why); rows that see no key (lse = -inf,
+#   kit.load_lse2) get P = 0, so their gradients are 0, not NaN.
 #   Every grid is flat, as the forward's (flashlib.kernels.triton.flat_grid): program p is block
-#   p % n_blocks of (batch, head) — of (batch, kv head) for dK/dV — p // n_blocks.
+#   p % n_blocks of (batch, head) — of (batch, kv head) for dK/dV — p // n_blocks (kit.unflatten).
+#   Each kernel is described once by its KernelSpec (flashlib.kernels.triton.spec).
 # Idea: Dao 2023 (FlashAttention-2), Algorithm 2; the dK/dV + dQ split as in Triton's fused-attention
 #   tutorial and flash-attn's deterministic mode (our own code; plain pointers, no block pointers).
 # Limits: as the forward (head dim <= 256, fp16/bf16/fp32, bf16 needs sm_80+, any B·H, each tensor
@@ -23,12 +26,14 @@ from __future__ import annotations
 
 import torch
 
-from . import INTERPRET, triton, tl
+from . import INTERPRET, kit, triton, tl
 from .configs import Config, launch
-from .fa2_fwd import LOG2E
+from .fa2_fwd import SPEC as FWD_SPEC
 from .fa2_fwd import grid as fwd_grid
+from .spec import KernelSpec, staged_bytes
 
-__all__ = ["backward", "grid_preprocess", "grid_dkdv", "grid_dq", "PREPROCESS_BLOCK_M"]
+__all__ = ["backward", "grid_preprocess", "grid_dkdv", "grid_dq", "PREPROCESS_BLOCK_M",
+           "PREPROCESS_SPEC", "DKDV_SPEC", "DQ_SPEC"]
 
 PREPROCESS_BLOCK_M = 64     # query rows per program of the D preprocess (an elementwise reduction)
 
@@ -36,19 +41,14 @@ PREPROCESS_BLOCK_M = 64     # query rows per program of the D preprocess (an ele
 @triton.jit
 def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
                     H, NQ, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    n_m = tl.cdiv(NQ, BLOCK_M)                         # flat grid: query block, then batch·head
-    pid_m = tl.program_id(0) % n_m
-    pid_bh = tl.program_id(0) // n_m
-    b = pid_bh // H
-    h = pid_bh % H
+    pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))   # query block, batch·head
+    h, b = kit.unflatten(pid_bh, H)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_m[:, None] < NQ) & (offs_d[None, :] < D)
-    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :],
-                mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :],
-                 mask=mask, other=0.0).to(tl.float32)
-    tl.store(DELTA + pid_bh * NQ + offs_m, tl.sum(o * do, 1), mask=offs_m < NQ)   # line 4: D_i
+    row_ok = offs_m < NQ
+    o = kit.load_tile(O + b * stride_ob + h * stride_oh + offs_m * stride_on, row_ok, offs_d, D, True)
+    do = kit.load_tile(DO + b * stride_dob + h * stride_doh + offs_m * stride_don, row_ok, offs_d, D, True)
+    tl.store(DELTA + pid_bh * NQ + offs_m, tl.sum(o * do, 1), mask=row_ok)   # line 4: D_i
 
 
 @triton.jit
@@ -59,71 +59,44 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
               qk_scale, scale, H, HKV, GROUP, NQ, NK, D,
               CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    n_n = tl.cdiv(NK, BLOCK_N)                         # key blocks per kv head (flat grid: axis 0)
-    pid_n = tl.program_id(0) % n_n                     # line 5: this program owns key block j ...
-    pid_bhk = tl.program_id(0) // n_n                  # ... of batch b, kv head hk
-    b = pid_bhk // HKV
-    hk = pid_bhk % HKV
+    pid_n, pid_bhk = kit.unflatten(tl.program_id(0), tl.cdiv(NK, BLOCK_N))   # line 5: key block j ...
+    hk, b = kit.unflatten(pid_bhk, HKV)                # ... of batch b, kv head hk
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)           # (BLOCK_N,) key rows
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d[None, :] < D
-    kv_mask = (offs_n[:, None] < NK) & d_ok
-    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
-                mask=kv_mask, other=0.0)               # line 6: K_j, V_j  (BLOCK_N, BLOCK_D)
-    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
-                mask=kv_mask, other=0.0)
-    if UPCAST:                                         # interpreter + bf16: dots in fp32 (see fwd)
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    key_ok = offs_n < NK
+    k = kit.load_tile(K + b * stride_kb + hk * stride_kh + offs_n * stride_kn, key_ok, offs_d, D, UPCAST)
+    v = kit.load_tile(V + b * stride_vb + hk * stride_vh + offs_n * stride_vn, key_ok, offs_d, D, UPCAST)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)      # line 7: dK_j = dV_j = 0 on chip
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    key_ok = offs_n[None, :] < NK                      # the ragged last key block
-
-    # Query rows that see key block j: i >= start_n - offset; rows that see all of it:
-    # i >= start_n + BLOCK_N - 1 - offset. Between the two: the diagonal blocks, masked.
-    offset = NK - NQ
-    if CAUSAL:
-        lo = tl.maximum(start_n - offset, 0)
-        lo = (lo // BLOCK_M) * BLOCK_M
-        hi_masked = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - offset, 0), NQ)
-    else:
-        lo = 0
-        hi_masked = 0
+    # Causal: query blocks before lo see none of key block j; those starting before hi_masked see part.
+    lo, hi_masked = kit.query_range(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
     for g in range(0, GROUP):                          # GQA: every query head reading kv head hk
         h = hk * GROUP + g
-        q_base = Q + b * stride_qb + h * stride_qh + offs_d[None, :]
-        do_base = DO + b * stride_dob + h * stride_doh + offs_d[None, :]
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
         row_base = (b * H + h) * NQ
         for start_m in range(lo, NQ, BLOCK_M):         # line 8: for the query blocks i
             offs_m = start_m + offs_m0
             row_ok = offs_m < NQ
-            q = tl.load(q_base + offs_m[:, None] * stride_qn, mask=row_ok[:, None] & d_ok, other=0.0)
-            do = tl.load(do_base + offs_m[:, None] * stride_don, mask=row_ok[:, None] & d_ok, other=0.0)
-            # line 9: L_i and D_i. Rows past NQ, and rows that saw no key (lse = -inf), get
-            # lse = +inf, so that P = exp2(S - inf) = 0 for them: no -inf - -inf = NaN.
-            lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
-            lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+            q = kit.load_tile(q_base + offs_m * stride_qn, row_ok, offs_d, D, UPCAST)
+            do = kit.load_tile(do_base + offs_m * stride_don, row_ok, offs_d, D, UPCAST)
+            lse = kit.load_lse2(LSE + row_base + offs_m, row_ok)               # line 9: L_i and D_i
             delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
-            if UPCAST:
-                q = q.to(tl.float32)
-                do = do.to(tl.float32)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # line 10: S_ij, base 2
             if CAUSAL:
-                if start_m < hi_masked:                # a diagonal block: apply the causal mask
-                    s = tl.where(offs_n[None, :] <= offs_m[:, None] + offset, s, float("-inf"))
-            s = tl.where(key_ok, s, float("-inf"))     # the ragged last key block
+                if start_m < hi_masked:                # a diagonal block: the causal mask
+                    s = kit.mask_causal(s, offs_m, offs_n, NK - NQ)
+            s = kit.mask_keys(s, offs_n, NK)           # this program's keys past NK, on every block
             p = tl.math.exp2(s - lse[:, None])                                  # line 11: P_ij
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)   # line 12
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)                # line 13: dP_ij
             ds = p * (dp - delta[:, None])                                         # line 14: dS_ij
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)   # line 16
     dk = dk * scale                                    # dS = scale * dS: applied once, at the end
-    tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=kv_mask)                              # line 18
-    tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=kv_mask)
+    kit.store_tile(DK + b * stride_dkb + hk * stride_dkh + offs_n * stride_dkn, key_ok, offs_d, D, dk)  # 18
+    kit.store_tile(DV + b * stride_dvb + hk * stride_dvh + offs_n * stride_dvn, key_ok, offs_d, D, dv)
 
 
 @triton.jit
@@ -134,78 +107,92 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             qk_scale, scale, H, GROUP, NQ, NK, D,
             CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    n_m = tl.cdiv(NQ, BLOCK_M)                         # query blocks per head (flat grid: axis 0)
-    pid_m = tl.program_id(0) % n_m                     # this program owns dQ_i of query block i ...
-    pid_bh = tl.program_id(0) // n_m                   # ... of batch b, head h
-    b = pid_bh // H
-    h = pid_bh % H
+    pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))   # dQ_i of query block i ...
+    h, b = kit.unflatten(pid_bh, H)                    # ... of batch b, head h
     hk = h // GROUP
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d[None, :] < D
     row_ok = offs_m < NQ
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :],
-                 mask=row_ok[:, None] & d_ok, other=0.0)
-    lse = tl.load(LSE + pid_bh * NQ + offs_m, mask=row_ok, other=float("inf"))
-    lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634   # as in _bwd_dkdv
+    q = kit.load_tile(Q + b * stride_qb + h * stride_qh + offs_m * stride_qn, row_ok, offs_d, D, UPCAST)
+    do = kit.load_tile(DO + b * stride_dob + h * stride_doh + offs_m * stride_don, row_ok, offs_d, D, UPCAST)
+    lse = kit.load_lse2(LSE + pid_bh * NQ + offs_m, row_ok)
     delta = tl.load(DELTA + pid_bh * NQ + offs_m, mask=row_ok, other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    k_base = K + b * stride_kb + hk * stride_kh + offs_d[None, :]
-    v_base = V + b * stride_vb + hk * stride_vh + offs_d[None, :]
-
-    offset = NK - NQ                                   # the same key range as the forward
-    if CAUSAL:
-        last_row = tl.minimum(pid_m * BLOCK_M + BLOCK_M, NQ) - 1
-        hi = tl.minimum(tl.maximum(last_row + offset + 1, 0), NK)
-        seen_by_all = tl.minimum(tl.maximum(pid_m * BLOCK_M + offset + 1, 0), NK)
-    else:
-        hi = NK
-        seen_by_all = NK
-    lo_masked = (seen_by_all // BLOCK_N) * BLOCK_N
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+    lo_masked, hi = kit.key_range(pid_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)   # the forward's
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        kv_mask = (offs_n[:, None] < NK) & d_ok
-        k = tl.load(k_base + offs_n[:, None] * stride_kn, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = kit.load_kv(k_base, v_base, offs_n, stride_kn, stride_vn, NK, offs_d, D, kit.MASKED, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        if start_n >= lo_masked:                       # diagonal or ragged block: mask
-            visible = offs_n[None, :] < NK
-            if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + offset)
-            s = tl.where(visible, s, float("-inf"))
+        if start_n >= lo_masked:                       # a diagonal or ragged block: kit's mask
+            s = kit.mask_scores(s, offs_m, offs_n, NK, NK - NQ, CAUSAL)
         p = tl.math.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)          # line 15: dQ_i += dS K_j
     dq = dq * scale
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok)
+    kit.store_tile(DQ + b * stride_dqb + h * stride_dqh + offs_m * stride_dqn, row_ok, offs_d, D, dq)
 
 
 def grid_preprocess(B: int, H: int, NQ: int) -> tuple[int]:
     """The D preprocess's grid: one program per (batch·head, block of 64 query rows), flat.
 
-    Explained in: notebooks/07_triton."""
+    Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/triton/test_triton_spec.py.
+    """
     return fwd_grid(B, H, NQ, PREPROCESS_BLOCK_M)
 
 
 def grid_dkdv(B: int, HKV: int, NK: int, block_n: int) -> tuple[int]:
     """The dK/dV kernel's grid: one program per (batch·kv head, key block), flat.
 
-    Explained in: notebooks/07_triton."""
+    Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/triton/test_triton_spec.py.
+    """
     return fwd_grid(B, HKV, NK, block_n)
 
 
 grid_dq = fwd_grid       # the dQ kernel's grid is the forward's: one program per (batch·head, query block)
+
+
+def smem_dkdv(cfg: Config, block_d: int, elem_bytes: int) -> int:
+    """dK/dV's tiles: K, V and the P/dS tile resident; Q and dO streamed per pipeline stage.
+
+    Explained in: notebooks/07_triton."""
+    return staged_bytes(cfg, elem_bytes, resident=2 * cfg.block_n * block_d + 2 * cfg.block_m * cfg.block_n,
+                        streamed=2 * cfg.block_m * block_d)
+
+
+def smem_dq(cfg: Config, block_d: int, elem_bytes: int) -> int:
+    """dQ's tiles: Q, dO and the dS tile resident; K and V streamed per pipeline stage.
+
+    Explained in: notebooks/07_triton."""
+    return staged_bytes(cfg, elem_bytes, resident=2 * cfg.block_m * block_d + cfg.block_m * cfg.block_n,
+                        streamed=2 * cfg.block_n * block_d)
+
+
+PREPROCESS_SPEC = KernelSpec(
+    "fa2_bwd_preprocess", _bwd_preprocess, pointers=dict(O="in", DO="in", DELTA="fp32"), strides=("O", "DO"),
+    scalars=dict(H="i32", NQ="i32", D="i32"), constexprs=("BLOCK_M", "BLOCK_D"),
+    grid=lambda a: grid_preprocess(a["O"].shape[0], a["H"], a["NQ"]),
+    fixed=Config(PREPROCESS_BLOCK_M, 0, num_warps=4, num_stages=1), uses_dot=False)
+DKDV_SPEC = KernelSpec(
+    "fa2_bwd_dkdv", _bwd_dkdv,
+    pointers=dict(Q="in", K="in", V="in", DO="in", LSE="fp32", DELTA="fp32", DK="in", DV="in"),
+    strides=("Q", "K", "V", "DO", "DK", "DV"),
+    scalars=dict(qk_scale="fp32", scale="fp32", H="i32", HKV="i32", GROUP="i32", NQ="i32", NK="i32", D="i32"),
+    constexprs=FWD_SPEC.constexprs, grid=lambda a: grid_dkdv(a["Q"].shape[0], a["HKV"], a["NK"], a["BLOCK_N"]),
+    config="bwd_dkdv", smem=smem_dkdv)
+DQ_SPEC = KernelSpec(
+    "fa2_bwd_dq", _bwd_dq, pointers=dict(Q="in", K="in", V="in", DO="in", LSE="fp32", DELTA="fp32", DQ="in"),
+    strides=("Q", "K", "V", "DO", "DQ"),
+    scalars=dict(qk_scale="fp32", scale="fp32", H="i32", GROUP="i32", NQ="i32", NK="i32", D="i32"),
+    constexprs=FWD_SPEC.constexprs, grid=lambda a: grid_dq(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
+    config="bwd_dq", smem=smem_dq)
 
 
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: bool = False,
@@ -214,38 +201,23 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
 
     ``o`` and ``lse`` come from :func:`flashlib.kernels.triton.fa2_fwd.forward`; ``do`` is dL/dO. For GQA,
     ``dk``/``dv`` are summed over the query heads of each group inside the kernel (no expanded copy).
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/kernels/triton/test_triton_fa2_bwd.py.
     """
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(D))
     es = q.element_size()
-    flags = dict(CAUSAL=causal, BLOCK_D=block_d, UPCAST=INTERPRET and q.dtype == torch.bfloat16,
-                 PRECISION="tf32" if allow_tf32 else "ieee")
     if do.stride(-1) != 1:
         do = do.contiguous()
     delta = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
-    _bwd_preprocess[grid_preprocess(B, H, NQ)](
-        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        H, NQ, D, BLOCK_M=PREPROCESS_BLOCK_M, BLOCK_D=block_d)
+    PREPROCESS_SPEC.launch(O=o, DO=do, DELTA=delta, H=H, NQ=NQ, D=D, BLOCK_D=block_d)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-
-    def run_dkdv(cfg):
-        _bwd_dkdv[grid_dkdv(B, HKV, NK, cfg.block_n)](
-            q, k, v, do, lse, delta, dk, dv, *strides,
-            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-            scale * LOG2E, scale, H, HKV, H // HKV, NQ, NK, D,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-
-    def run_dq(cfg):
-        _bwd_dq[grid_dq(B, H, NQ, cfg.block_m)](
-            q, k, v, do, lse, delta, dq, *strides, dq.stride(0), dq.stride(1), dq.stride(2),
-            scale * LOG2E, scale, H, H // HKV, NQ, NK, D,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-
-    launch("bwd_dkdv", q.device, block_d, es, run_dkdv, config_dkdv)
-    launch("bwd_dq", q.device, block_d, es, run_dq, config_dq)
+    args = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, qk_scale=kit.qk_scale(scale), scale=scale, H=H,
+                GROUP=H // HKV, NQ=NQ, NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d,
+                UPCAST=INTERPRET and q.dtype == torch.bfloat16, PRECISION="tf32" if allow_tf32 else "ieee")
+    launch(DKDV_SPEC, q.device, block_d, es,
+           lambda cfg: DKDV_SPEC.launch(cfg, **args, DK=dk, DV=dv, HKV=HKV), config_dkdv)
+    launch(DQ_SPEC, q.device, block_d, es, lambda cfg: DQ_SPEC.launch(cfg, **args, DQ=dq), config_dq)
     return dq, dk, dv

@@ -8,6 +8,10 @@
 #   The grid is flat (flashlib.kernels.triton.flat_grid): program p is query block p % n_blocks of batch·head
 #   p // n_blocks, so the query blocks of one head are neighbours (its K/V stay in L2) and B·H may
 #   exceed the 65,535 programs CUDA allows on a second grid axis.
+#   The pieces the kernels share live in flashlib.kernels.triton.kit: the grid decode (unflatten), the
+#   key range (key_range), the tile loads, the inner loop with its two stages (attend: FULL, MASKED)
+#   and its online-softmax step; SPEC (flashlib.kernels.triton.spec) describes the kernel once for the
+#   launcher, the config tables and the compile report.
 # Idea: Dao 2023 (FlashAttention-2), Algorithm 1; exp2 trick and loop split as in Triton's
 #   fused-attention tutorial (our own code, plain pointer arithmetic: no block pointers, which
 #   triton 3.9 removed).
@@ -18,16 +22,13 @@
 """FlashAttention-2 forward kernel and its launcher.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
-import math
-
 import torch
 
-from . import INTERPRET, flat_grid, triton, tl
+from . import INTERPRET, flat_grid, kit, triton, tl
 from .configs import Config, launch
+from .spec import KernelSpec, staged_bytes
 
-__all__ = ["forward", "grid"]
-
-LOG2E = math.log2(math.e)   # exp(x) = exp2(x * log2 e)
+__all__ = ["forward", "grid", "SPEC"]
 
 
 @triton.jit
@@ -37,89 +38,56 @@ def _fwd_kernel(Q, K, V, O, LSE,
                 qk_scale, H, GROUP, NQ, NK, D,
                 CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    n_m = tl.cdiv(NQ, BLOCK_M)                        # query blocks per head (flat grid: axis 0)
-    pid_m = tl.program_id(0) % n_m                    # line 3: this program is query block i ...
-    pid_bh = tl.program_id(0) // n_m                  # ... of batch b, head h
-    b = pid_bh // H
-    h = pid_bh % H
+    pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))   # line 3: query block i ...
+    h, b = kit.unflatten(pid_bh, H)                   # ... of batch b, head h
     hk = h // GROUP                                   # GQA: the kv head this query head reads
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
-    offs_n = tl.arange(0, BLOCK_N)                    # (BLOCK_N,) key offsets within a block
     offs_d = tl.arange(0, BLOCK_D)                    # (BLOCK_D,) head dim, padded to a power of 2
-    d_ok = offs_d[None, :] < D                        # padding columns load as 0: dots unchanged
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
-    k_base = K + b * stride_kb + hk * stride_kh + offs_d[None, :]
-    v_base = V + b * stride_vb + hk * stride_vh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < NQ) & d_ok, other=0.0)   # line 4: Q_i (BLOCK_M, BLOCK_D)
-    if UPCAST:                                        # triton 3.9's interpreter gets bf16 tl.dot
-        q = q.to(tl.float32)                          # wrong: dot in fp32 when interpreting bf16
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)   # line 5: m_i = -inf, l_i = 0, O_i = 0
+    row_ok = offs_m < NQ
+    q_rows = Q + b * stride_qb + h * stride_qh + offs_m * stride_qn
+    q = kit.load_tile(q_rows, row_ok, offs_d, D, UPCAST)      # line 4: Q_i (BLOCK_M, BLOCK_D)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)      # line 5: m_i = -inf, l_i = 0, O_i = 0
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-
-    # Key range. Bottom-right causal: query i sees key j iff j <= i + (NK - NQ).
-    offset = NK - NQ
-    if CAUSAL:
-        last_row = tl.minimum(pid_m * BLOCK_M + BLOCK_M, NQ) - 1
-        hi = tl.minimum(tl.maximum(last_row + offset + 1, 0), NK)        # keys past hi: hidden
-        seen_by_all = tl.minimum(tl.maximum(pid_m * BLOCK_M + offset + 1, 0), NK)
-    else:
-        hi = NK
-        seen_by_all = NK
-    lo_masked = (seen_by_all // BLOCK_N) * BLOCK_N    # whole blocks before this need no mask
-
-    # line 6, part 1: key blocks every row sees, no mask.
-    for start_n in range(0, lo_masked, BLOCK_N):
-        rows = start_n + offs_n
-        k = tl.load(k_base + rows[:, None] * stride_kn, mask=d_ok, other=0.0)   # line 7: K_j, V_j
-        v = tl.load(v_base + rows[:, None] * stride_vn, mask=d_ok, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale      # line 8: S_ij, base 2
-        m_new = tl.maximum(m_i, tl.max(s, 1))                                  # line 9: m_i^(j)
-        p = tl.math.exp2(s - m_new[:, None])                                   # P~_ij
-        alpha = tl.math.exp2(m_i - m_new)                                      # e^(m^(j-1) - m^(j))
-        l_i = l_i * alpha + tl.sum(p, 1)                                       # l_i^(j)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # line 10
-        m_i = m_new
-
-    # line 6, part 2: the diagonal blocks (causal) and the ragged last block: masked.
-    for start_n in range(lo_masked, hi, BLOCK_N):
-        rows = start_n + offs_n
-        k = tl.load(k_base + rows[:, None] * stride_kn, mask=(rows[:, None] < NK) & d_ok, other=0.0)
-        v = tl.load(v_base + rows[:, None] * stride_vn, mask=(rows[:, None] < NK) & d_ok, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        visible = rows[None, :] < NK
-        if CAUSAL:
-            visible = visible & (rows[None, :] <= offs_m[:, None] + offset)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row that saw nothing yet: avoid
-        p = tl.math.exp2(s - m_use[:, None])                   # (-inf) - (-inf) = NaN
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-
-    seen = l_i > 0.0                                           # False: the row sees no key
-    l_safe = tl.where(seen, l_i, 1.0)
-    acc = acc / l_safe[:, None]                                # line 12: O_i = diag(l)^-1 O_i (0 if unseen)
-    # line 13: L_i = m_i + log l_i, back from base 2 to natural log (x ln 2); -inf for unseen rows
-    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
-    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=(offs_m[:, None] < NQ) & d_ok)  # line 14
-    tl.store(LSE + pid_bh * NQ + offs_m, lse, mask=offs_m < NQ)                       # line 15
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+    # line 6: the key blocks every row sees (no mask), then the diagonal / ragged ones (masked).
+    lo_masked, hi = kit.key_range(pid_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, l_i, m_i = kit.attend(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                               0, lo_masked, NK, NK - NQ, D, qk_scale, BLOCK_N, kit.FULL, CAUSAL,
+                               UPCAST, PRECISION)
+    acc, l_i, m_i = kit.attend(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                               lo_masked, hi, NK, NK - NQ, D, qk_scale, BLOCK_N, kit.MASKED, CAUSAL,
+                               UPCAST, PRECISION)
+    o, lse = kit.finish(acc, l_i, m_i)                        # lines 12-13: O_i, L_i (natural log)
+    kit.store_tile(O + b * stride_ob + h * stride_oh + offs_m * stride_on, row_ok, offs_d, D, o)  # 14
+    tl.store(LSE + pid_bh * NQ + offs_m, lse, mask=row_ok)                                       # 15
 
 
 def grid(B: int, H: int, NQ: int, block_m: int) -> tuple[int]:
     """The forward's grid: one program per (batch·head, query block), flattened on axis 0.
 
-    Explained in: notebooks/07_triton."""
+    Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/triton/test_triton_fa2_fwd.py.
+    """
     return flat_grid(B * H, triton.cdiv(NQ, block_m))
+
+
+def smem_estimate(cfg: Config, block_d: int, elem_bytes: int) -> int:
+    """Shared-memory bytes of the forward's tiles: Q resident, K and V streamed per pipeline stage.
+
+    Explained in: notebooks/07_triton."""
+    return staged_bytes(cfg, elem_bytes, resident=cfg.block_m * block_d, streamed=2 * cfg.block_n * block_d)
+
+
+SPEC = KernelSpec(
+    "fa2_fwd", _fwd_kernel,
+    pointers=dict(Q="in", K="in", V="in", O="in", LSE="fp32"), strides=("Q", "K", "V", "O"),
+    scalars=dict(qk_scale="fp32", H="i32", GROUP="i32", NQ="i32", NK="i32", D="i32"),
+    constexprs=("CAUSAL", "BLOCK_M", "BLOCK_N", "BLOCK_D", "UPCAST", "PRECISION"),
+    grid=lambda a: grid(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
+    config="fwd", smem=smem_estimate)
 
 
 def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, config: Config | None = None):
@@ -129,23 +97,17 @@ def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, co
     other strides are passed to the kernel. ``lse`` is float32 ``(B, H, Nq)``, natural log.
     ``config`` overrides the block sizes (tests use it to force several blocks on short sequences);
     otherwise :func:`flashlib.kernels.triton.configs.launch` picks them for the device.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/kernels/triton/test_triton_fa2_fwd.py.
     """
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(D))
     o = torch.empty_like(q)
     lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
-
-    def run(cfg):
-        _fwd_kernel[grid(B, H, NQ, cfg.block_m)](
-            q, k, v, o, lse,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            scale * LOG2E, H, H // HKV, NQ, NK, D,
-            CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
-            UPCAST=INTERPRET and q.dtype == torch.bfloat16,
-            PRECISION="tf32" if allow_tf32 else "ieee",
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-
-    launch("fwd", q.device, block_d, q.element_size(), run, config)
+    args = dict(Q=q, K=k, V=v, O=o, LSE=lse, qk_scale=kit.qk_scale(scale), H=H, GROUP=H // HKV, NQ=NQ,
+                NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d, UPCAST=INTERPRET and q.dtype == torch.bfloat16,
+                PRECISION="tf32" if allow_tf32 else "ieee")
+    launch(SPEC, q.device, block_d, q.element_size(), lambda cfg: SPEC.launch(cfg, **args), config)
     return o, lse

@@ -14,7 +14,7 @@ from conftest import need_module  # noqa: E402
 need_module("hypothesis")  # skip the module, saying why, where hypothesis is missing
 from hypothesis import given, settings, strategies as st
 
-from conftest import require
+from conftest import require_tool
 import flashlib.kernels.cuda as fc
 from flashlib import testing
 from flashlib.kernels.cuda import build
@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(autouse=True)
 def _gxx():
-    require(build.find_tool("g++") is not None, "g++ (C++20) is needed to build the CUDA emulator")
+    require_tool("g++")                              # the CUDA emulator is built with g++ (C++20)
 
 
 def make(b, h, hkv, nq, nk, d, dtype, seed=0):
@@ -207,7 +207,7 @@ def test_version_and_dtype_errors_name_the_version():
         fc.forward(q, k, v, version="v2")
     with pytest.raises(TypeError, match="float32 \\(v1\\), float16 or bfloat16"):
         fc.forward(q.double(), k.double(), v.double())
-    with pytest.raises(ValueError, match="v1 supports head dims 1..256; got d=300"):
+    with pytest.raises(ValueError, match="head dim must be between 1 and 256, got 300"):
         fc.forward(*make(1, 1, 1, 2, 2, 300, torch.float32))
     with pytest.raises(ValueError, match="version must be"):
         fc.forward(q, k, v, version="v3")
@@ -230,3 +230,10 @@ def test_shape_and_argument_errors():
         fc.decode(q, k, v, cache_seqlens=torch.tensor([3]), num_splits=0)
     with pytest.raises(ValueError, match="version must be one of"):
         fc.source("v9")
+
+
+def test_prebuild_returns_each_built_emulator():
+    require_tool("g++")
+    paths = fc.prebuild(("v1", "decode"))
+    assert len(paths) == 2 and all(p.is_file() for p in paths)
+    assert fc.prebuild(("v1",)) == paths[:1]                  # the second call finds it in the cache

@@ -5,6 +5,7 @@ The launch itself (``fn(grid, block, args)``) and NVRTC need a GPU: tests/gpu/te
 """
 from __future__ import annotations
 
+import re
 import sys
 import types
 
@@ -12,6 +13,7 @@ import pytest
 
 import flashlib.kernels.cuda as fc
 from flashlib.kernels.cuda import build, launch, toolkit
+from flashlib.tools import toolchain
 from flashlib.hardware import CUDA_GRID_MAX
 
 torch = pytest.importorskip("torch")
@@ -51,6 +53,51 @@ def test_a_grid_beyond_cudas_limit_is_a_value_error():
         launch.flat_grid(2 ** 16, 2 ** 16)
     with pytest.raises(ValueError, match="outside CUDA's grid limit"):
         launch.decode_launch(2 ** 20, 64, 8, 1, 10, 64, 1.0, False, 2 ** 12, "f16")
+
+
+# ---- the kernels' constants, read from their sources ------------------------------------------------
+@pytest.mark.parametrize("source, declaration, value", [
+    ("fa2_fwd_v1_scalar.cu", "constexpr int V1_BC = ", lambda: launch.V1_BC),
+    ("fa2_fwd_v2_wmma.cu", "constexpr int BC = ", lambda: launch.V2_BC),
+    ("decode_splitkv.cu", "constexpr int THREADS = ", lambda: launch.DECODE_THREADS)])
+def test_launch_uses_the_constants_the_sources_declare(source, declaration, value):
+    text = (build.CSRC / source).read_text()
+    assert f"{declaration}{value()};" in text
+    assert build.cu_constant(source, declaration.split()[-2]) == value()
+    edited = text.replace(f"{declaration}{value()};", f"{declaration}{2 * value()};")   # read, not copied
+    assert build.cu_constant((source, edited), declaration.split()[-2]) == 2 * value()
+
+
+def test_the_geometry_follows_the_constants():
+    spec, = launch.v1_launch(1, 1, 1, 64, 64, 64, 1.0, False)
+    assert f"BC={launch.V1_BC}" in spec.config
+    split, combine = launch.decode_launch(1, 1, 1, 1, 64, 128, 1.0, False, 4, "f16")
+    assert split.block == combine.block == (launch.DECODE_THREADS, 1, 1)
+    assert split.shared_bytes == (128 + launch.DECODE_THREADS // 32 * 130) * 4      # q row + per-warp m, l, O
+
+
+@pytest.mark.parametrize("text, why", [
+    ("constexpr int BR = 64;\n", "found 0"),                          # not declared
+    ("// constexpr int BC = 32;\n", "found 0"),                       # commented out
+    ("constexpr int BC = 2 * 16;\n", "found 0"),                      # not an integer literal
+    ("constexpr int BC = 32;\n#define BC 64\n", "found 2")])
+def test_a_source_without_the_constant_is_refused_naming_file_and_constant(text, why):
+    with pytest.raises(ValueError, match=rf"k\.cu must declare the constant BC once.*{why}"):
+        build.cu_constant(("k.cu", text), "BC")
+
+
+def test_define_is_read_too():
+    assert build.cu_constant(("k.cu", "#define BC 48   // keys per tile\n"), "BC") == 48
+
+
+def test_no_launch_exceeds_its_kernels_launch_bounds():
+    """Every block fits the ``__launch_bounds__`` its kernel declares (a launch above them fails on a GPU)."""
+    for d in (8, 16, 40, 64, 100, 128, 200, 256):
+        for s in all_specs(2, 4, 2, 300, 300, d):
+            text = (build.CSRC / s.source).read_text()
+            bound = re.search(rf"__launch_bounds__\(([^,)]+)[^)]*\)\s*{s.kernel}\(", text).group(1).strip()
+            limit = int(bound) if bound.isdigit() else build.cu_constant(s.source, bound.split("::")[-1])
+            assert s.block[0] * s.block[1] * s.block[2] <= limit, (s, limit)
 
 
 # ---- the GPU path with CuPy faked ------------------------------------------------------------------
@@ -157,7 +204,7 @@ def test_gpu_module_falls_back_to_nvcc(fake_cupy, monkeypatch, tmp_path, why):
     found = None if why == "no include dir qualifies" else [tmp_path]
     fake_cupy.nvrtc_fails = found is not None
     monkeypatch.setattr(toolkit, "find_include_dirs", lambda: found)
-    monkeypatch.setattr(build, "find_tool", lambda name: "/opt/cuda/bin/nvcc" if name == "nvcc" else None)
+    monkeypatch.setattr(toolchain, "find_tool", lambda name, **kw: "/opt/cuda/bin/nvcc" if name == "nvcc" else None)
     built = []
     monkeypatch.setattr(build, "nvcc_cubin", lambda source, arch: built.append((source, arch)) or tmp_path / "k.cubin")
     launch._gpu_function("decode_splitkv.cu", "decode_split_f16")
@@ -172,7 +219,7 @@ def test_gpu_module_without_headers_or_nvcc_names_what_is_missing(fake_cupy, mon
                                ("crt/mma.h (included by mma.h)",))]
     monkeypatch.setattr(toolkit, "find_include_dirs", lambda: None)
     monkeypatch.setattr(toolkit, "search", lambda stop=True: tried)
-    monkeypatch.setattr(build, "find_tool", lambda name: None)
+    monkeypatch.setattr(toolchain, "find_tool", lambda name, **kw: None)
     with pytest.raises(RuntimeError) as err:
         launch._gpu_function("fa2_fwd_v2_wmma.cu", "fa2_fwd_v2_f16")
     msg = str(err.value)
@@ -183,14 +230,14 @@ def test_gpu_module_without_headers_or_nvcc_names_what_is_missing(fake_cupy, mon
 def test_nvrtc_errors_surface_when_there_is_no_nvcc(fake_cupy, monkeypatch, tmp_path):
     fake_cupy.nvrtc_fails = True
     monkeypatch.setattr(toolkit, "find_include_dirs", lambda: [tmp_path])
-    monkeypatch.setattr(build, "find_tool", lambda name: None)
+    monkeypatch.setattr(toolchain, "find_tool", lambda name, **kw: None)
     with pytest.raises(FakeCompileError, match="crt/mma.h"):
         launch._gpu_function("fa2_fwd_v2_wmma.cu", "fa2_fwd_v2_f16")
 
 
 def test_nvcc_cubin_builds_a_loadable_cubin():
-    from conftest import require
-    require(build.find_tool("nvcc") is not None, "nvcc (CUDA toolkit) is needed to build a cubin")
+    from conftest import require_tool
+    require_tool("nvcc")
     cubin = build.nvcc_cubin("fa2_fwd_v1_scalar.cu", "sm_90")
     data = cubin.read_bytes()
     assert data[:4] == b"\x7fELF" and b"fa2_fwd_v1_f32" in data

@@ -12,7 +12,7 @@ import pathlib
 
 import pytest
 
-from flashlib.kernels.cuda import build, toolkit
+from flashlib.kernels.cuda import toolkit
 
 # What the kernels include, and what those headers include with quotes, as in a real toolkit.
 COMPLETE = {
@@ -157,8 +157,18 @@ def test_the_error_names_missing_headers_places_and_fixes(tmp_path):
 
 def test_this_machines_toolkit_qualifies_when_nvcc_is_installed():
     """Where nvcc is installed (as on CI), its toolkit's headers are found by the default search."""
-    from conftest import require
-    require(build.find_tool("nvcc") is not None, "nvcc (CUDA toolkit) is not installed")
+    from conftest import require_tool
+    require_tool("nvcc")
     dirs = toolkit.find_include_dirs()
     assert dirs and toolkit.missing_headers(dirs) == ()
     assert any((d / "crt" / "mma.h").is_file() for d in dirs)
+
+
+def test_candidates_lists_every_place_in_order(tmp_path):
+    """$CUDA_PATH, then $CUDA_HOME, then the install prefixes; a place that does not exist has no dirs."""
+    (tmp_path / "ch" / "include").mkdir(parents=True)
+    env = {"CUDA_PATH": str(tmp_path / "cp"), "CUDA_HOME": str(tmp_path / "ch"), "PATH": ""}
+    got = list(toolkit.candidates(env, prefixes=[str(tmp_path / "pre")], site_dirs=[], cupy_cuda_path=lambda: None))
+    assert [origin for origin, _ in got] == [f"$CUDA_PATH={tmp_path}/cp", f"$CUDA_HOME={tmp_path}/ch",
+                                             f"{tmp_path}/pre"]
+    assert got[0][1] == () and list(got[1][1]) == [tmp_path / "ch" / "include"]

@@ -22,8 +22,8 @@
 #include <cuda_bf16.h>
 
 namespace fdec {
-constexpr int WARPS = 4;
-constexpr int THREADS = 32 * WARPS;
+constexpr int THREADS = 128;                         // per block (flashlib's launch reads this line)
+constexpr int WARPS = THREADS / 32;
 constexpr int PER_LANE = 8;                          // head-dim columns per lane: d <= 32 * 8
 
 __device__ __forceinline__ float to_float(float x) { return x; }
@@ -140,40 +140,40 @@ __device__ void combine(const float* __restrict__ o_parts, const float* __restri
 
 // One split kernel and one combine kernel per dtype (kernels are extern "C": one name for NVRTC,
 // nvcc and the emulator).
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(fdec::THREADS)
 decode_split_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                  const int* __restrict__ seqlens, float* __restrict__ o_parts, float* __restrict__ lse_parts,
                  int B, int H, int Hkv, int nq, int nmax, int d, int S, float scale, int causal)
 {
     fdec::split<float>(q, k, v, seqlens, o_parts, lse_parts, B, H, Hkv, nq, nmax, d, S, scale, causal);
 }
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(fdec::THREADS)
 decode_combine_f32(const float* __restrict__ o_parts, const float* __restrict__ lse_parts, float* __restrict__ o,
                    float* __restrict__ lse, int B, int H, int nq, int d, int S)
 {
     fdec::combine<float>(o_parts, lse_parts, o, lse, B, H, nq, d, S);
 }
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(fdec::THREADS)
 decode_split_f16(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v,
                  const int* __restrict__ seqlens, float* __restrict__ o_parts, float* __restrict__ lse_parts,
                  int B, int H, int Hkv, int nq, int nmax, int d, int S, float scale, int causal)
 {
     fdec::split<__half>(q, k, v, seqlens, o_parts, lse_parts, B, H, Hkv, nq, nmax, d, S, scale, causal);
 }
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(fdec::THREADS)
 decode_combine_f16(const float* __restrict__ o_parts, const float* __restrict__ lse_parts, __half* __restrict__ o,
                    float* __restrict__ lse, int B, int H, int nq, int d, int S)
 {
     fdec::combine<__half>(o_parts, lse_parts, o, lse, B, H, nq, d, S);
 }
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(fdec::THREADS)
 decode_split_bf16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
                   const int* __restrict__ seqlens, float* __restrict__ o_parts, float* __restrict__ lse_parts,
                   int B, int H, int Hkv, int nq, int nmax, int d, int S, float scale, int causal)
 {
     fdec::split<__nv_bfloat16>(q, k, v, seqlens, o_parts, lse_parts, B, H, Hkv, nq, nmax, d, S, scale, causal);
 }
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(fdec::THREADS)
 decode_combine_bf16(const float* __restrict__ o_parts, const float* __restrict__ lse_parts, __nv_bfloat16* __restrict__ o,
                     float* __restrict__ lse, int B, int H, int nq, int d, int S)
 {

@@ -4,7 +4,8 @@
 default scale ``d ** -0.5``; causal masks bottom-right aligned (query i sees key j iff
 ``j <= i + Nk - Nq``); a query that sees no key outputs 0 and has ``lse = -inf``.
 ``reference_backward`` is its analytic gradient. Every algorithm and kernel in flashlib is checked
-against these two.
+against these two. :mod:`flashlib.testing.ring` checks ring attention, rank by rank, against
+single-process attention (it imports torch, so it is not imported here).
 
 Explained in: notebooks/01_naive_attention.
 """
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import causal_mask, check_qkv, check_scale
+from .._checks import check_qkv, check_scale
+from ..ladder.masks import causal_mask
 
 __all__ = ["reference", "reference_backward", "random_qkv", "max_error", "assert_close",
            "reference_gqa", "plain_torch_attention", "assert_fa_rule", "assert_attention_right",
@@ -49,6 +51,8 @@ def reference(q, k, v, *, causal=False, scale=None):
     """Float64 attention: returns ``(o, lse)`` with ``o (..., Nq, dv)`` and ``lse (..., Nq)``.
 
     Explained in: notebooks/01_naive_attention.
+
+    Tested in: tests/testing/test_testing_ring.py.
     """
     q, k, v = check_qkv(q, k, v)
     scale = check_scale(scale, q.shape[-1])
@@ -64,6 +68,8 @@ def reference_backward(q, k, v, do, *, causal=False, scale=None):
     so they contribute nothing and their gradients are 0, never NaN.
 
     Explained in: notebooks/05_backward.
+
+    Tested in: tests/ladder/test_ladder_backward.py.
     """
     q, k, v = check_qkv(q, k, v)
     scale = check_scale(scale, q.shape[-1])
@@ -77,7 +83,11 @@ def reference_backward(q, k, v, do, *, causal=False, scale=None):
 
 
 def random_qkv(nq, nk, d, *, lead=(), dv=None, dtype=np.float64, seed=0):
-    """Random ``q (*lead, nq, d)``, ``k (*lead, nk, d)``, ``v (*lead, nk, dv)`` from a seeded generator."""
+    """Random ``q (*lead, nq, d)``, ``k (*lead, nk, d)``, ``v (*lead, nk, dv)`` from a seeded generator.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/test_checks.py.
+    """
     rng = np.random.default_rng(seed)
     dv = d if dv is None else dv
     q = rng.standard_normal((*lead, nq, d)).astype(dtype)
@@ -87,7 +97,11 @@ def random_qkv(nq, nk, d, *, lead=(), dv=None, dtype=np.float64, seed=0):
 
 
 def max_error(actual, expected) -> float:
-    """Largest absolute difference, treating matching infinities as equal and NaN as infinitely wrong."""
+    """Largest absolute difference, treating matching infinities as equal and NaN as infinitely wrong.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/testing/test_testing_ring.py.
+    """
     a, e = _np64(actual), _np64(expected)
     if a.shape != e.shape:
         raise ValueError(f"shapes differ: actual {a.shape}, expected {e.shape}")
@@ -104,6 +118,9 @@ def assert_close(actual, expected, *, atol=1e-10, rtol=1e-10, name="value"):
 
     Infinities must match exactly (``lse = -inf`` for rows that see nothing). The message gives the
     worst element and its index. Takes arrays or torch tensors (on any device, with or without grad).
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/testing/test_testing.py.
     """
     a, e = _np64(actual), _np64(expected)
     if a.shape != e.shape:
@@ -140,6 +157,8 @@ def reference_gqa(q, k, v, *, causal=False, scale=None, do=None):
     Takes torch tensors or arrays. Returns NumPy float64 ``(o, lse)``, or ``(o, lse, (dq, dk, dv))``
     when ``do`` is given (dk, dv summed over each GQA group, shaped like k and v).
     Explained in: notebooks/07_triton.
+
+    Tested in: tests/test_api_packed_blocks.py.
     """
     q, k, v = _np64(q), _np64(k), _np64(v)
     if q.ndim != 4 or k.ndim != 4 or q.shape[1] % k.shape[1]:
@@ -160,6 +179,8 @@ def plain_torch_attention(q, k, v, *, causal=False, scale=None):
 
     ``(B, H, Nq, d)`` / ``(B, Hkv, Nk, d)``, bottom-right causal, rows that see nothing give 0.
     Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/cuda/test_cuda_kernels.py.
     """
     import torch
     group = q.shape[1] // k.shape[1]
@@ -182,6 +203,8 @@ def assert_fa_rule(actual, baseline, expected, *, factor=2.0, floor=0.0, name="v
 
     ``baseline`` is a plain same-dtype implementation (:func:`plain_torch_attention`), ``expected``
     the float64 oracle. Returns ``(error, baseline_error)``. Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/cuda/test_cuda_kernels.py.
     """
     err, base = max_error(_np64(actual), expected), max_error(_np64(baseline), expected)
     if not err <= factor * base + floor:
@@ -200,6 +223,8 @@ def assert_attention_right(q, k, v, do, *, causal=False, o=None, lse=None, grads
     dtype, plus ``floor`` (for baselines that are exact, e.g. dQ = 0 at Nq = Nk = 1) — and lse (float32
     sums of 16-bit products) within 2e-2. Returns a one-line note; raises AssertionError naming the
     first quantity out of bounds. Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/triton/test_triton_decode.py.
     """
     import torch
     o_ref, lse_ref, g_ref = reference_gqa(q, k, v, causal=causal, do=do)

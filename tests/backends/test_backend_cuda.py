@@ -1,4 +1,5 @@
-"""flashlib.attention / flashlib.decode with backend="cuda": CPU tensors run in the CUDA emulator."""
+"""The "cuda" backend (flashlib.backends.cuda) through flashlib.attention and decode: CPU tensors
+run in the CUDA emulator; the backward is the reference backend's."""
 import shutil
 
 import pytest

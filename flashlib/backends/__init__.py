@@ -1,0 +1,113 @@
+"""The attention backends: a registry of named ways to compute attention, one module per backend.
+
+* :mod:`flashlib.backends.reference` — the ladder's NumPy FlashAttention-2 and Flash-Decoding on a
+  CPU copy (slow, any device, float64 too);
+* :mod:`flashlib.backends.triton` — :mod:`flashlib.kernels.triton` (compiled on a GPU, Triton's
+  interpreter on a CPU);
+* :mod:`flashlib.backends.cuda` — :mod:`flashlib.kernels.cuda`'s CUDA C++ (NVRTC on a GPU, flashlib's
+  emulator on a CPU).
+
+Each module has the four functions of :class:`Backend`: ``forward``, ``backward``, ``decode`` and
+``check``. :func:`flashlib.attention` and :func:`flashlib.decode` validate their arguments, then
+:func:`resolve` turns the ``backend`` argument ("auto" or a name) into a :class:`Backend`. Adding a
+backend: write the four functions, ``register_backend(Backend("mine", ...))``, and, to make it the
+default for a device type, ``AUTO["cuda"] = "mine"``. Importing this package imports neither torch
+nor triton; the backend modules import them when first called.
+
+Explained in: notebooks/07_triton.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import cuda, reference, triton
+
+__all__ = ["Backend", "BACKENDS", "AUTO", "register_backend", "registered", "resolve"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One way of computing attention. Tensors in, tensors out, layout ``(B, H, N, d)``.
+
+    ``forward(q, k, v, *, causal, scale, allow_tf32, blocks) -> (o, lse)``;
+    ``backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32, blocks) -> (dq, dk, dv)``
+    (``blocks`` = the caller's ``(block_q, block_k)``, None for "backend's choice"; dk, dv shaped
+    like k, v: GQA groups summed); ``decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale)
+    -> (o, lse)``; ``check(q, op)`` raises (ValueError/RuntimeError with the reason) when this backend
+    cannot run on ``q``'s device and dtype in this process, ``op`` being "attention" or "decode".
+    Inputs reach a backend validated (:mod:`flashlib.validation`): same dtype and device,
+    ``H % Hkv == 0``, head dim <= 256. ``lse`` is float32 (float64 for float64 inputs).
+
+    Explained in: notebooks/10_beyond_one_gpu.
+    Tested in: tests/backends/test_backends.py.
+    """
+    name: str
+    forward: Callable
+    backward: Callable
+    decode: Callable
+    check: Callable
+    description: str = field(default="", compare=False)
+
+
+BACKENDS: dict[str, Backend] = {}
+AUTO: dict[str, str] = {"cuda": "triton", "cpu": "reference"}   # device type -> backend for "auto"
+
+
+def register_backend(backend: Backend) -> Backend:
+    """Add ``backend`` to :data:`BACKENDS` under ``backend.name`` (replacing one of that name).
+
+    Explained in: notebooks/10_beyond_one_gpu.
+    Tested in: tests/backends/test_backends.py.
+    """
+    if not isinstance(backend, Backend):
+        raise TypeError(f"backend must be a flashlib.backends.Backend, got {type(backend).__name__}")
+    BACKENDS[backend.name] = backend
+    return backend
+
+
+@contextlib.contextmanager
+def registered(backend: Backend):
+    """Register ``backend`` for the duration of a ``with`` block only; on leaving it (even by an
+    exception) :data:`BACKENDS` is as before, with any backend of that name restored.
+
+    ``with registered(Backend("spy", ...)): flashlib.attention(q, k, v, backend="spy")``.
+    Explained in: notebooks/10_beyond_one_gpu.
+    Tested in: tests/backends/test_backends.py.
+    """
+    before = BACKENDS.get(getattr(backend, "name", None))
+    register_backend(backend)
+    try:
+        yield backend
+    finally:
+        if before is None:
+            BACKENDS.pop(backend.name, None)
+        else:
+            BACKENDS[backend.name] = before
+
+
+def resolve(backend, q, op: str = "attention") -> Backend:
+    """The :class:`Backend` that ``backend`` ("auto", or a name in :data:`BACKENDS`) means for the
+    tensor ``q``, after its ``check(q, op)`` (``op``: "attention" or "decode") found that it can run.
+
+    "auto" picks :data:`AUTO` of q's device type ("reference" for a device type it does not name).
+    Explained in: notebooks/10_beyond_one_gpu.
+    Tested in: tests/backends/test_backends.py.
+    """
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    if backend == "auto":
+        name = AUTO.get(q.device.type, "reference")
+    elif backend in BACKENDS:
+        name = backend
+    else:
+        raise ValueError(f"backend must be one of {['auto', *sorted(BACKENDS)]}, got {backend!r}")
+    chosen = BACKENDS[name]
+    chosen.check(q, op)
+    return chosen
+
+
+for _name, _module in (("reference", reference), ("triton", triton), ("cuda", cuda)):
+    register_backend(Backend(_name, _module.forward, _module.backward, _module.decode, _module.check,
+                             _module.DESCRIPTION))

@@ -1,0 +1,62 @@
+"""The "cuda" backend: :mod:`flashlib.kernels.cuda`'s CUDA C++ (NVRTC on a GPU, the emulator on a CPU).
+
+Kernel v1 (scalar) takes float32, v2 (WMMA tensor cores) float16/bfloat16; they size their own tiles.
+There is no CUDA backward kernel: the backward is the "triton" backend's on a GPU and the "reference"
+backend's (NumPy FA2) on a CPU, from the same saved LSE.
+
+Explained in: notebooks/08_cuda.
+"""
+from __future__ import annotations
+
+from . import reference, triton
+
+DESCRIPTION = "flashlib/kernels/cuda/csrc CUDA C++ kernels (NVRTC on a GPU, the emulator on CPU)"
+
+
+def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
+    """Backend.forward: :func:`flashlib.kernels.cuda.forward` (v1 for float32, v2 for 16-bit).
+    Explained in: notebooks/08_cuda."""
+    from ..kernels import cuda
+    if blocks != (None, None):
+        raise ValueError("backend='cuda' sizes its tiles from the head dim and the 48 KB of shared "
+                         "memory (flashlib.kernels.cuda.launch); block_q/block_k are for 'triton' and "
+                         "'reference'")
+    return cuda.forward(q, k, v, causal=causal, scale=scale)
+
+
+def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
+    """Backend.backward: the "triton" backend's on a GPU, the "reference" backend's on a CPU.
+    Explained in: notebooks/08_cuda."""
+    other = triton if q.device.type == "cuda" else reference
+    return other.backward(q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32)
+
+
+def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
+    """Backend.decode: :func:`flashlib.kernels.cuda.decode`.
+    Explained in: notebooks/08_cuda."""
+    from ..kernels import cuda
+    return cuda.decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, num_splits=num_splits,
+                       scale=scale)
+
+
+def check(q, op):
+    """Backend.check: float32/16-bit; g++ for CPU tensors (the emulator), CuPy for CUDA tensors.
+    Explained in: notebooks/08_cuda."""
+    import importlib.util
+
+    import torch
+
+    from ..tools import toolchain
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"backend='cuda' takes float32 (kernel v1) or float16/bfloat16 (kernel v2), "
+                        f"got {q.dtype}")
+    if q.device.type == "cpu":
+        if toolchain.find_tool("g++") is None:
+            raise RuntimeError("backend='cuda' runs CPU tensors in flashlib's CUDA emulator, which "
+                               "needs g++: not found on PATH")
+    elif q.device.type == "cuda":
+        if importlib.util.find_spec("cupy") is None:
+            raise RuntimeError("backend='cuda' compiles the kernels with NVRTC through CuPy, which is "
+                               "not installed (pip install cupy-cuda12x)")
+    else:
+        raise ValueError(f"backend='cuda' runs on CUDA or CPU tensors, got device {q.device}")

@@ -1,0 +1,83 @@
+"""The "reference" backend: the ladder's NumPy algorithms on a CPU copy — any device, any float dtype.
+
+:func:`flashlib.ladder.fa2.forward` / :func:`~flashlib.ladder.fa2.backward` for attention and
+:func:`flashlib.ladder.decoding.forward` for decode, GQA expanded on the CPU (and its gradients summed
+back per group). Slow, and the slowness is the point: it is the readable algorithm of chapters 4–6
+behind the same interface as the kernels.
+
+Explained in: notebooks/07_triton.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+DESCRIPTION = "the ladder's NumPy fa2/decoding on a CPU copy (slow; any device)"
+
+
+def _to_numpy(x) -> np.ndarray:
+    """A CPU NumPy copy; float16/bfloat16 go to float32 (NumPy has no bfloat16; the ladder
+    accumulates half precision in float32 anyway)."""
+    import torch
+    return x.detach().to(device="cpu", dtype=torch.promote_types(x.dtype, torch.float32)).numpy()
+
+
+def _to_torch(a: np.ndarray, like, dtype=None):
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(a)).to(device=like.device, dtype=dtype or like.dtype)
+
+
+def _lse_to_torch(lse: np.ndarray, q):
+    import torch
+    return _to_torch(lse, q, torch.promote_types(q.dtype, torch.float32))   # float32; float64 stays
+
+
+def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
+    """Backend.forward: the ladder's :func:`flashlib.ladder.fa2.forward` on a CPU copy, GQA expanded.
+    Explained in: notebooks/07_triton."""
+    from ..ladder import fa2
+    group = q.shape[1] // k.shape[1]
+    kk = np.repeat(_to_numpy(k), group, axis=1)        # GQA: kv head h // group, expanded on the CPU
+    vv = np.repeat(_to_numpy(v), group, axis=1)
+    o, lse = fa2.forward(_to_numpy(q), kk, vv, causal=causal, scale=scale, block_q=blocks[0],
+                         block_k=blocks[1])
+    return _to_torch(o, q), _lse_to_torch(lse, q)
+
+
+def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
+    """Backend.backward: :func:`flashlib.ladder.fa2.backward`; dk, dv summed back per GQA group.
+    Explained in: notebooks/07_triton."""
+    from ..ladder import fa2
+    B, HKV, NK, D = k.shape
+    group = q.shape[1] // HKV
+    kk = np.repeat(_to_numpy(k), group, axis=1)
+    vv = np.repeat(_to_numpy(v), group, axis=1)
+    dq, dk, dv = fa2.backward(_to_numpy(q), kk, vv, _to_numpy(o), _to_numpy(lse), _to_numpy(do),
+                              causal=causal, scale=scale, block_q=blocks[0], block_k=blocks[1])
+    dk = dk.reshape(B, HKV, group, NK, D).sum(axis=2)  # sum each group's gradients back onto its kv head
+    dv = dv.reshape(B, HKV, group, NK, v.shape[-1]).sum(axis=2)
+    return _to_torch(dq, q), _to_torch(dk, k), _to_torch(dv, v)
+
+
+def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
+    """Backend.decode: :func:`flashlib.ladder.decoding.forward`, sequence by sequence.
+    Explained in: notebooks/07_triton."""
+    from ..ladder import decoding
+    B, H, NQ, D = q.shape
+    group = H // k_cache.shape[1]
+    qn, kn, vn = _to_numpy(q), _to_numpy(k_cache), _to_numpy(v_cache)
+    lens = cache_seqlens.detach().cpu().tolist()
+    o = np.zeros(qn.shape, dtype=qn.dtype)
+    lse = np.full(qn.shape[:-1], -np.inf, dtype=qn.dtype)
+    for b in range(B):                                 # ragged: each sequence its own valid length
+        if lens[b] == 0:
+            continue                                   # nothing to see: o = 0, lse = -inf
+        kb = np.repeat(kn[b, :, :lens[b]], group, axis=0)
+        vb = np.repeat(vn[b, :, :lens[b]], group, axis=0)
+        o[b], lse[b] = decoding.forward(qn[b], kb, vb, num_splits=num_splits, scale=scale)
+    return _to_torch(o, q), _lse_to_torch(lse, q)
+
+
+def check(q, op):
+    """Backend.check: the reference runs everywhere (never raises).
+    Explained in: notebooks/07_triton."""
+    return None                                        # NumPy on a CPU copy: runs everywhere

@@ -1,0 +1,227 @@
+# kit.py — the pieces every flashlib Triton kernel shares, written once.
+# Changed from the first versions of the kernels, where each kernel had its own copy: the online-softmax
+#   step was pasted twice in the forward, masking was done three ways (two loops in the forward, a
+#   branch on the block in dQ, a key mask on every block plus a causal branch in dK/dV), each kernel
+#   decoded its flat-grid index by hand, and log2 e and ln 2 were bare literals. Here, as @triton.jit
+#   helpers (Triton inlines them) and named constants (LOG2E, LN2):
+#   * unflatten — a flat-grid index into its fastest count and the rest (flashlib.kernels.triton.flat_grid);
+#   * key_range / query_range — which key blocks a query block sees fully, in part, or not at all (and
+#     which query blocks see a key block in part), bottom-right causal: query i sees key j iff j <= i + Nk - Nq;
+#   * load_tile / store_tile — a (rows, BLOCK_D) tile, rows and padded columns masked, with the
+#     interpreter's bf16 upcast; load_kv — a key block's K_j, V_j; load_lse2 — saved LSEs in base 2;
+#   * softmax_step — one step of the online softmax (Algorithm 1, lines 9-10), in base 2, and finish —
+#     its end (lines 12-13): O = acc / l, L = ln 2 (m + log2 l); a row that saw nothing: O = 0, L = -inf;
+#   * one masking policy: only the blocks the ranges call partial are masked, by mask_keys (keys past
+#     Nk) and mask_causal (keys the causal mask hides); mask_scores applies both. attend, the forward's
+#     inner loop, takes a STAGE as Triton's tutorial does: one call with FULL for the key blocks every
+#     row sees (no mask at all), one with MASKED for the diagonal / ragged ones. The backward keeps one
+#     loop per kernel and tests each block against the same ranges (dQ: key_range, as the forward;
+#     dK/dV: query_range for the causal diagonal, and its own ragged key block masked on every query
+#     block). Split into two stages, dK/dV spilled 696 bytes on sm_90 instead of 288 and began to spill
+#     on sm_75, and the configs an H100 showed right were measured with one loop (compile report,
+#     triton 3.9).
+# Idea: Triton's fused-attention tutorial (its _attn_fwd_inner with a STAGE argument, exp2 with the
+#   scale folded into log2 e); our own code, plain pointer arithmetic (no block pointers).
+# Limits: helpers take constexpr flags where the kernels differ (CAUSAL, UPCAST, STAGE), so each
+#   kernel compiles only the branch it uses.
+# Run: the kernels call these; flashlib.show(kit.attend) displays one.
+"""The shared @triton.jit helpers and named constants of flashlib's Triton kernels.
+
+Explained in: notebooks/07_triton."""
+from __future__ import annotations
+
+import math
+
+from . import tl, triton
+
+__all__ = ["LOG2E", "LN2", "FULL", "MASKED", "qk_scale", "unflatten", "key_range", "query_range", "load_tile",
+           "store_tile", "load_lse2", "load_kv", "softmax_step", "mask_keys", "mask_causal", "mask_scores", "attend", "finish"]
+
+# tl.constexpr: Triton reads a global inside a kernel only if it is one (``LOG2E.value`` in Python).
+LOG2E = tl.constexpr(math.log2(math.e))   # exp(x) = exp2(x * LOG2E): exp2 is the GPU's native exponential
+LN2 = tl.constexpr(math.log(2.0))         # ln(x) = log2(x) * LN2: back from base 2 to the natural log
+FULL = tl.constexpr(1)            # attend's STAGE: key blocks every query row sees entirely, no mask
+MASKED = tl.constexpr(2)          # attend's STAGE: diagonal and ragged key blocks, masked
+
+
+def qk_scale(scale: float) -> float:
+    """The kernels' score multiplier ``scale · log2 e``: S·qk_scale is the scaled score in base 2, so
+    exp2(S·qk_scale) = exp(scale·S).  Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/triton/test_triton_kit.py.
+    """
+    return scale * LOG2E.value
+
+
+@triton.jit
+def unflatten(index, n):
+    """``(index % n, index // n)``: a flat-grid index split into its fastest count and the rest.
+
+    Explained in: notebooks/07_triton."""
+    return index % n, index // n
+
+
+@triton.jit
+def key_range(start_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """``(lo_masked, hi)`` for the query block starting at row ``start_m``: the key blocks in
+    [0, lo_masked) are seen by every row of the block (no mask needed), those in [lo_masked, hi) are the
+    diagonal and ragged ones (masked), keys from hi on are hidden from every row (never loaded).
+
+    Explained in: notebooks/07_triton."""
+    if CAUSAL:
+        offset = NK - NQ                                  # query i sees key j iff j <= i + offset
+        last_row = tl.minimum(start_m + BLOCK_M, NQ) - 1
+        hi = tl.minimum(tl.maximum(last_row + offset + 1, 0), NK)
+        seen_by_all = tl.minimum(tl.maximum(start_m + offset + 1, 0), NK)
+    else:
+        hi = NK
+        seen_by_all = NK
+    return (seen_by_all // BLOCK_N) * BLOCK_N, hi
+
+
+@triton.jit
+def query_range(start_n, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """``(lo, hi_masked)`` for the key block starting at key ``start_n``: causal, query rows before lo
+    see none of it (skipped; lo is a multiple of BLOCK_M), a query block starting before hi_masked sees
+    only part of it (the diagonal: causal mask), rows from hi_masked on see all of it. (Keys past NK,
+    in a ragged last key block, are the same for every query block: masked on each.)
+
+    Explained in: notebooks/07_triton."""
+    if CAUSAL:
+        offset = NK - NQ                                  # query i sees key j iff j <= i + offset
+        lo = (tl.maximum(start_n - offset, 0) // BLOCK_M) * BLOCK_M
+        hi_masked = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - offset, 0), NQ)   # sees key start_n+BN-1
+    else:
+        lo = 0
+        hi_masked = 0
+    return lo, hi_masked
+
+
+@triton.jit
+def load_tile(row_ptrs, row_ok, offs_d, D, UPCAST: tl.constexpr):
+    """The (R, BLOCK_D) tile whose row r starts at ``row_ptrs[r]``: rows where ``row_ok`` is False
+    (None: every row is in bounds) and the padding columns ``offs_d >= D`` read 0, which changes no dot
+    product. UPCAST: returned in fp32 (triton 3.9's interpreter computes bf16 tl.dot wrongly).
+
+    Explained in: notebooks/07_triton."""
+    mask = offs_d[None, :] < D
+    if row_ok is not None:
+        mask = row_ok[:, None] & mask
+    tile = tl.load(row_ptrs[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    if UPCAST:
+        tile = tile.to(tl.float32)
+    return tile
+
+
+@triton.jit
+def store_tile(row_ptrs, row_ok, offs_d, D, tile):
+    """Store ``tile`` (R, BLOCK_D), converted to the pointers' type, except masked rows and padding.
+
+    Explained in: notebooks/07_triton."""
+    tl.store(row_ptrs[:, None] + offs_d[None, :], tile.to(row_ptrs.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_d[None, :] < D))
+
+
+@triton.jit
+def load_lse2(ptrs, row_ok):
+    """The rows' saved log-sum-exp, in base 2 (x log2 e) to match the kernels' exp2. Rows past the end,
+    and rows that saw no key (lse = -inf), get +inf: then P = exp2(S - inf) = 0 for them, not NaN.
+
+    Explained in: notebooks/07_triton."""
+    lse = tl.load(ptrs, mask=row_ok, other=float("inf"))
+    return tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+
+
+@triton.jit
+def mask_keys(s, offs_n, NK):
+    """Scores S (BLOCK_M, BLOCK_N) of keys past NK (a ragged last key block) become -inf.
+
+    Explained in: notebooks/07_triton."""
+    return tl.where(offs_n[None, :] < NK, s, float("-inf"))
+
+
+@triton.jit
+def mask_causal(s, offs_m, offs_n, offset):
+    """Scores S (BLOCK_M, BLOCK_N) that the causal mask hides become -inf: query i sees key j iff
+    j <= i + offset, offset = Nk - Nq (bottom-right aligned).
+
+    Explained in: notebooks/07_triton."""
+    return tl.where(offs_n[None, :] <= offs_m[:, None] + offset, s, float("-inf"))
+
+
+@triton.jit
+def mask_scores(s, offs_m, offs_n, NK, offset, CAUSAL: tl.constexpr):
+    """The mask of a partial block: :func:`mask_keys`, and :func:`mask_causal` if CAUSAL.
+
+    Explained in: notebooks/07_triton."""
+    s = mask_keys(s, offs_n, NK)
+    if CAUSAL:
+        s = mask_causal(s, offs_m, offs_n, offset)
+    return s
+
+
+@triton.jit
+def softmax_step(m_i, l_i, acc, s, v, PRECISION: tl.constexpr, MAY_BE_EMPTY: tl.constexpr):
+    """One step of the online softmax (Algorithm 1, lines 9-10, base 2) for a block of scores
+    ``s`` (BLOCK_M, BLOCK_N), already scaled by scale·log2 e, and its values ``v`` (BLOCK_N, BLOCK_D).
+    Returns the new ``(m_i, l_i, acc)``. MAY_BE_EMPTY: some row may have seen only -inf so far
+    (masked blocks); it then subtracts 0 instead of -inf, so no (-inf) - (-inf) = NaN.
+
+    Explained in: notebooks/07_triton."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))                 # line 9: m_i^(j)
+    m_use = m_new
+    if MAY_BE_EMPTY:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_use[:, None])                  # P~_ij
+    alpha = tl.math.exp2(m_i - m_use)                     # e^(m^(j-1) - m^(j))
+    l_i = l_i * alpha + tl.sum(p, 1)                      # l_i^(j)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)   # line 10
+    return m_new, l_i, acc
+
+
+@triton.jit
+def finish(acc, l_i, m_i):
+    """Algorithm 1, lines 12-13: ``(O_i, L_i)`` = (acc / l_i, ln 2 · (m_i + log2 l_i)), the LSE in the
+    natural log. A row that saw no key (l_i = 0) gets O = 0 and L = -inf, never NaN.
+
+    Explained in: notebooks/07_triton."""
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    return o, tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
+
+
+@triton.jit
+def load_kv(k_base, v_base, rows, stride_kn, stride_vn, NK, offs_d, D, STAGE: tl.constexpr,
+            UPCAST: tl.constexpr):
+    """K_j and V_j (BLOCK_N, BLOCK_D) for key rows ``rows``: bounds-checked in the MASKED stage only
+    (a FULL block lies inside [0, NK)).
+
+    Explained in: notebooks/07_triton."""
+    if STAGE == MASKED:
+        k = load_tile(k_base + rows * stride_kn, rows < NK, offs_d, D, UPCAST)
+        v = load_tile(v_base + rows * stride_vn, rows < NK, offs_d, D, UPCAST)
+    else:
+        k = load_tile(k_base + rows * stride_kn, None, offs_d, D, UPCAST)
+        v = load_tile(v_base + rows * stride_vn, None, offs_d, D, UPCAST)
+    return k, v
+
+
+@triton.jit
+def attend(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, lo, hi, NK, offset, D,
+           qk_scale, BLOCK_N: tl.constexpr, STAGE: tl.constexpr, CAUSAL: tl.constexpr,
+           UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """Algorithm 1, lines 6-10, for the key blocks starting in [lo, hi): load K_j, V_j, S = Q K_j^T,
+    one online-softmax step. STAGE FULL: blocks every row sees entirely — no mask at all; MASKED:
+    diagonal and ragged blocks — :func:`mask_scores`. ``k_base``/``v_base`` point at key 0, column 0.
+
+    Explained in: notebooks/07_triton."""
+    offs_n = tl.arange(0, BLOCK_N)                        # (BLOCK_N,) key offsets within a block
+    for start_n in range(lo, hi, BLOCK_N):
+        rows = start_n + offs_n
+        k, v = load_kv(k_base, v_base, rows, stride_kn, stride_vn, NK, offs_d, D, STAGE, UPCAST)  # line 7
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # line 8: S_ij, base 2
+        if STAGE == MASKED:
+            s = mask_scores(s, offs_m, rows, NK, offset, CAUSAL)
+        m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PRECISION, STAGE == MASKED)
+    return acc, l_i, m_i

@@ -1,0 +1,131 @@
+# spec.py — each Triton kernel described once: arguments, constexprs, grid, shared-memory estimate.
+# Changed from writing a kernel's signature three times (its launcher's positional call, the config
+#   tables' shared-memory estimate, the compile report's hand-made signature), where changing a
+#   kernel's arguments silently broke the compile report: a KernelSpec beside each kernel, checked
+#   against the kernel's real parameters when the module is imported, and read by
+#   * the launcher: KernelSpec.launch takes the arguments by name and puts them in order, strides
+#     included, with the grid and the block constexprs of its config;
+#   * configs.arch_candidates (which configs fit an architecture's shared memory);
+#   * flashlib.tools.compile_report (the signature, constexprs and config it compiles).
+# Idea: flashlib.kernels.cuda.launch.LaunchSpec, which does the same for the CUDA kernels.
+# Limits: arguments come in four groups, in this order: pointers, the (batch, head, row) strides of
+#   some of them (named stride_<x>b, stride_<x>h, stride_<x>n), scalars, constexprs.
+# Run: fa2_fwd.SPEC.arg_names; flashlib.tools.compile_report.triton_specs() lists every kernel's.
+"""KernelSpec: what a Triton kernel takes and how it is launched, for its launcher, configs and the
+compile report.  Explained in: notebooks/07_triton."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+__all__ = ["KernelSpec", "staged_bytes"]
+
+POINTER_TYPES = ("in", "fp32", "i32")     # "in": the inputs' dtype (fp16, bf16 or fp32)
+SCALAR_TYPES = ("i32", "fp32")
+
+
+def staged_bytes(cfg, elem_bytes: int, *, resident: int, streamed: int) -> int:
+    """Shared-memory bytes of a program's tiles: ``resident`` elements once, ``streamed`` elements
+    once per pipeline stage (num_stages, at least 1).
+
+    Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/triton/test_triton_spec.py.
+    """
+    return (resident + max(1, cfg.num_stages) * streamed) * elem_bytes
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One Triton kernel's interface, written once beside it.
+
+    ``pointers``: tensor arguments in order, each with its element type ("in": the inputs' dtype).
+    ``strides``: the pointers whose (batch, head, row) strides follow, in order.
+    ``scalars``: then the scalar arguments, "i32" or "fp32". ``constexprs``: then the compile-time ones.
+    ``grid``: the launch grid from the arguments' values (a dict by name). ``config``: the kernel's key
+    in :mod:`flashlib.kernels.triton.configs`' tables, or None with ``fixed``, the one config it always
+    runs with. ``smem``: ``(cfg, block_d, elem_bytes) -> bytes`` of the tiles it stages (configs prunes
+    by it). ``uses_dot``: it has a tl.dot (tensor cores on sm_80+).
+    
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_spec.py.
+    """
+    name: str
+    fn: object
+    pointers: dict[str, str]
+    strides: tuple[str, ...]
+    scalars: dict[str, str]
+    constexprs: tuple[str, ...]
+    grid: Callable[[dict], tuple]
+    config: str | None = None
+    fixed: object = None
+    smem: Callable | None = None
+    uses_dot: bool = True
+    runtime_args: tuple[str, ...] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        bad = {n: t for n, t in self.pointers.items() if t not in POINTER_TYPES}
+        bad.update({n: t for n, t in self.scalars.items() if t not in SCALAR_TYPES})
+        if bad:
+            raise ValueError(f"{self.name}: argument types must be {POINTER_TYPES} (pointers) or "
+                             f"{SCALAR_TYPES} (scalars), got {bad}")
+        if (self.config is None) == (self.fixed is None):
+            raise ValueError(f"{self.name}: give exactly one of config (a table key) and fixed (a Config)")
+        strides = tuple(f"stride_{p.lower()}{axis}" for p in self.strides for axis in "bhn")
+        object.__setattr__(self, "runtime_args", (*self.pointers, *strides, *self.scalars))
+        self.check_signature()
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        """Every argument of the kernel, in its order."""
+        return (*self.runtime_args, *self.constexprs)
+
+    def check_signature(self) -> None:
+        """Raise ValueError unless the kernel's real parameters are :attr:`arg_names`, with exactly
+        :attr:`constexprs` annotated ``tl.constexpr``."""
+        params = inspect.signature(self.fn.fn).parameters
+        real = tuple(params)
+        real_constexprs = tuple(n for n, p in params.items() if "constexpr" in str(p.annotation))
+        if real != self.arg_names or real_constexprs != self.constexprs:
+            raise ValueError(f"{self.name}: the spec says arguments {self.arg_names} with constexprs "
+                             f"{self.constexprs}, the kernel {self.fn.fn.__name__} has {real} with "
+                             f"constexprs {real_constexprs}")
+
+    def signature(self, dtype: str) -> dict[str, str]:
+        """Triton's compile signature (``{name: "*fp16" | "i32" | "fp32" | "constexpr"}``) for inputs
+        of ``dtype`` (e.g. "fp16"), as flashlib.tools.compile_report compiles the kernel."""
+        sig = {n: "*" + (dtype if t == "in" else t) for n, t in self.pointers.items()}
+        sig.update({n: "i32" for n in self.runtime_args[len(self.pointers):] if n not in self.scalars})
+        sig.update(self.scalars)
+        sig.update({n: "constexpr" for n in self.constexprs})
+        return sig
+
+    def block_constexprs(self, cfg) -> dict:
+        """The constexprs a config sets: BLOCK_M and BLOCK_N, where the kernel has them."""
+        return {n: v for n, v in (("BLOCK_M", cfg.block_m), ("BLOCK_N", cfg.block_n)) if n in self.constexprs}
+
+    def launch(self, cfg=None, **values):
+        """Launch the kernel with ``cfg`` (None: ``fixed``) and the arguments by name, strides left out:
+        they are read from the pointers' tensors. BLOCK_M/BLOCK_N come from ``cfg`` unless given."""
+        cfg = self.fixed if cfg is None else cfg
+        if cfg is None:
+            raise TypeError(f"{self.name}.launch: cfg is required (a configs.Config from the {self.config!r} "
+                            "tables: use configs.launch)")
+        values = {**self.block_constexprs(cfg), **values}
+        given = set(values) | {n for n in self.runtime_args if n.startswith("stride_")}
+        missing = [n for n in self.arg_names if n not in given]
+        extra = sorted(set(values) - set(self.arg_names))
+        if missing or extra:
+            raise TypeError(f"{self.name}.launch: missing arguments {missing}, unknown arguments {extra}")
+        for p in self.strides:
+            t = values[p]
+            values.update({f"stride_{p.lower()}b": t.stride(0), f"stride_{p.lower()}h": t.stride(1),
+                           f"stride_{p.lower()}n": t.stride(2)})
+        args = [values[n] for n in self.runtime_args]
+        kwargs = {n: values[n] for n in self.constexprs}
+        return self._run(self.grid(values), args, dict(kwargs, num_warps=cfg.num_warps,
+                                                       num_stages=cfg.num_stages))
+
+    def _run(self, grid, args, kwargs):
+        self.fn[grid](*args, **kwargs)

@@ -1,0 +1,150 @@
+"""The one validator of flashlib's torch-facing arguments.
+
+:func:`flashlib.attention` and :func:`flashlib.decode` (:mod:`flashlib.api`), the CUDA kernels' entry
+points (:mod:`flashlib.kernels.cuda`) and :func:`~flashlib.parallel.ring.ring_attention` all check
+their arguments here; the ladder's NumPy checks (:mod:`flashlib._checks`) share :func:`check_scale`
+and :func:`check_block`. Bad input is refused with a TypeError or ValueError that names the
+argument, what was expected and what came.
+
+This module imports nothing from flashlib, so any module may call it without closing an import
+cycle (``api`` → ``backends`` → ``kernels.cuda`` → ``api`` would be one), and it imports torch only
+inside the checks that need it.
+
+Explained in: notebooks/07_triton.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+__all__ = ["MAX_HEAD_DIM", "check_tensors", "check_scale", "check_flag", "check_block",
+           "check_num_splits", "check_cache_seqlens"]
+
+MAX_HEAD_DIM = 256          # the largest head dim every backend supports
+
+
+def check_tensors(q, k, v, *, k_name: str = "k", v_name: str = "v") -> None:
+    """Check ``q (B, H, Nq, d)`` and ``k, v (B, Hkv, Nk, d)``: torch tensors of one float dtype on
+    one device, ``H % Hkv == 0`` (GQA), ``Nq, Nk >= 1`` and ``1 <= d <= 256``.
+
+    ``k_name``, ``v_name``: how the messages call k and v (``"k_cache"`` for decode).
+    Explained in: notebooks/10_beyond_one_gpu.
+    Tested in: tests/test_validation.py.
+    """
+    import torch
+    for name, x in (("q", q), (k_name, k), (v_name, v)):
+        if not isinstance(x, torch.Tensor):
+            hint = (" (for NumPy arrays use the ladder, e.g. flashlib.ladder.fa2.forward)"
+                    if type(x).__module__ == "numpy" else "")
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}{hint}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have shape (B, H, N, d), 4 dims, got shape {tuple(x.shape)}")
+        if x.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    for name, x in ((k_name, k), (v_name, v)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
+    B, H, NQ, D = q.shape                                            # (B, H, Nq, d)
+    if k.shape[0] != B:
+        raise ValueError(f"{k_name} must have the batch size of q ({B}), got {k_name} {tuple(k.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"{v_name} must have the shape of {k_name} {tuple(k.shape)}, got "
+                         f"{tuple(v.shape)}")
+    if k.shape[-1] != D:
+        raise ValueError(f"{k_name} must have the head dim of q ({D}), got {k_name} {tuple(k.shape)}")
+    hkv = k.shape[1]
+    if hkv < 1 or H % hkv:
+        raise ValueError(f"the number of query heads H={H} must be a multiple of kv heads Hkv={hkv} "
+                         f"(the heads of {k_name}); GQA/MQA: query head h reads kv head h // (H // Hkv)")
+    if NQ < 1:
+        raise ValueError(f"q must hold at least one query (Nq >= 1), got q {tuple(q.shape)}")
+    if k.shape[2] < 1:
+        raise ValueError(f"{k_name} and {v_name} must hold at least one key (Nk >= 1), got {k_name} "
+                         f"{tuple(k.shape)}")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"q's head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
+
+
+def check_scale(scale, d: int) -> float:
+    """The softmax scale: ``d ** -0.5`` when None, else a finite real number.
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/test_validation.py.
+    """
+    if scale is None:
+        return float(d) ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def check_flag(value, name: str) -> bool:
+    """``value`` if it is a bool (not merely truthy), else a TypeError naming ``name``.
+
+    Explained in: notebooks/10_beyond_one_gpu.
+    Tested in: tests/test_validation.py.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_block(value, name: str, default: int | None = None) -> int:
+    """A block size: a positive int (``default`` when None).
+
+    Explained in: notebooks/03_flashattention1.
+    Tested in: tests/test_validation.py.
+    """
+    if value is None:
+        if default is None:
+            raise ValueError(f"{name} is required")
+        return default
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return int(value)
+
+
+def check_num_splits(num_splits) -> int:
+    """Flash-Decoding's number of K/V splits: an int >= 1.
+
+    Explained in: notebooks/10_beyond_one_gpu.
+    Tested in: tests/test_validation.py.
+    """
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+        raise TypeError(f"num_splits must be an int >= 1, got {type(num_splits).__name__}")
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be an int >= 1, got {num_splits}")
+    return int(num_splits)
+
+
+def check_cache_seqlens(cache_seqlens, q, nmax: int):
+    """Decode's valid cache lengths: an int32/int64 tensor ``(B,)`` on q's device with values in
+    ``[0, nmax]``; returned as given.
+
+    Explained in: notebooks/10_beyond_one_gpu.
+    Tested in: tests/test_validation.py.
+    """
+    import torch
+    B = q.shape[0]
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise TypeError(f"cache_seqlens must be a torch.Tensor of int32/int64 or None, got "
+                        f"{type(cache_seqlens).__name__}")
+    if cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cache_seqlens must have dtype int32 or int64, got {cache_seqlens.dtype}")
+    if tuple(cache_seqlens.shape) != (B,):
+        raise ValueError(f"cache_seqlens must have shape ({B},) (one length per sequence), got "
+                         f"{tuple(cache_seqlens.shape)}")
+    if cache_seqlens.device != q.device:
+        raise ValueError(f"cache_seqlens must be on the device of q ({q.device}), got "
+                         f"{cache_seqlens.device}")
+    lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
+    if lo < 0 or hi > nmax:
+        raise ValueError(f"cache_seqlens must lie in [0, {nmax}] (Nmax of k_cache), got values in "
+                         f"[{lo}, {hi}]")
+    return cache_seqlens
