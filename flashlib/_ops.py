@@ -22,7 +22,7 @@ from .backends import BACKENDS
 if "triton" not in sys.modules and importlib.util.find_spec("triton") is not None:
     from .kernels import triton as _flashlib_triton  # noqa: F401
 
-__all__ = ["attention_op"]
+__all__ = ["attention_op", "attention", "op_needed"]
 
 
 def _blocks(block_q: int, block_k: int):
@@ -96,3 +96,38 @@ else:  # pragma: no cover - torch < 2.4
             return (*_bwd_impl(q, k, v, o, lse, do, *ctx.args), None, None, None, None, None, None)
 
     attention_op = _Attention.apply
+
+
+def op_needed(q, k, v) -> bool:
+    """Whether a call must go through :data:`attention_op`: when torch.compile traces it (the compiler
+    must see one opaque op), when autograd will want its backward, or when anything other than plain
+    eager tensors is involved (a tensor subclass, a torch.func transform, a dispatch mode such as
+    FakeTensorMode or FlopCounterMode). Otherwise the op's dispatch is pure host overhead — about 50 µs
+    a call on a slow CPU, several times a small kernel's run time — so the backend is called directly.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/test_ops.py.
+    """
+    if torch.compiler.is_compiling():
+        return True
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return True
+    if not (type(q) is type(k) is type(v) is torch.Tensor):
+        return True
+    transforms = getattr(torch._C, "_are_functorch_transforms_active", None)
+    modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
+    if transforms is None or modes is None:                # an unknown torch: be safe
+        return True
+    return transforms() or modes() > 0
+
+
+def attention(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
+    """``(o, lse)`` from backend ``backend`` (validated arguments, as :func:`flashlib.attention` passes
+    them): through :data:`attention_op` where :func:`op_needed` says so, else the backend directly.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/test_ops.py.
+    """
+    if op_needed(q, k, v):
+        return attention_op(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)
+    return _fwd_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)

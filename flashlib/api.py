@@ -76,8 +76,8 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
     chosen = backends.resolve(backend, q, "attention")
     bq = 0 if block_q is None else check_block(block_q, "block_q")    # 0: the backend chooses
     bk = 0 if block_k is None else check_block(block_k, "block_k")
-    from ._ops import attention_op                    # autograd; imports torch (first use only)
-    o, lse = attention_op(q, k, v, causal, scale, allow_tf32, chosen.name, bq, bk)
+    from . import _ops                                # autograd; imports torch (first use only)
+    o, lse = _ops.attention(q, k, v, causal, scale, allow_tf32, chosen.name, bq, bk)
     return (o, lse) if return_lse else o
 
 
@@ -141,7 +141,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
             (int32 or int64, on q's device) of valid lengths ``0 <= cache_seqlens[b] <= Nmax``:
             sequence b attends to ``k_cache[b, :, :cache_seqlens[b]]`` (ragged batches). Every query
             sees every valid key (append the new tokens to the cache first). A sequence of length 0
-            outputs 0 with ``lse = -inf``.
+            outputs 0 with ``lse = -inf``. On a GPU the lengths are never read back by the host (that
+            would make every decode step wait for the GPU, and forbid CUDA-graph capture): the kernels
+            clamp each into ``[0, Nmax]`` instead of raising.
         num_splits: number of K/V chunks attended in parallel (int >= 1), or None for
             :func:`default_num_splits` (from the GPU's SM count; on a CPU a fixed rule).
         scale: softmax scale, default ``d ** -0.5``.
@@ -153,8 +155,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
 
     Raises:
         TypeError: as :func:`attention`; cache_seqlens not an integer tensor; num_splits not an int.
-        ValueError: as :func:`attention`; cache_seqlens of the wrong shape or device, or a length
-            outside ``[0, Nmax]``; num_splits < 1; inputs that require grad while grad is enabled.
+        ValueError: as :func:`attention`; cache_seqlens of the wrong shape or device, or (CPU tensors)
+            a length outside ``[0, Nmax]``; num_splits < 1; inputs that require grad while grad is
+            enabled.
 
     Explained in: notebooks/07_triton.
     Tested in: tests/test_api.py.

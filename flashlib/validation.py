@@ -127,6 +127,12 @@ def check_cache_seqlens(cache_seqlens, q, nmax: int):
     """Decode's valid cache lengths: an int32/int64 tensor ``(B,)`` on q's device with values in
     ``[0, nmax]``; returned as given.
 
+    The values are read only when they already live on the CPU. Reading a GPU tensor's values back
+    would make the host wait for the GPU (a synchronisation worth about 100 µs per decode step, and one
+    that CUDA-graph capture forbids), so on a GPU only the type, shape and device are checked, and the
+    decode kernels clamp each length into ``[0, nmax]`` themselves: a bad length can never read outside
+    the cache.
+
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/test_validation.py.
     """
@@ -143,6 +149,8 @@ def check_cache_seqlens(cache_seqlens, q, nmax: int):
     if cache_seqlens.device != q.device:
         raise ValueError(f"cache_seqlens must be on the device of q ({q.device}), got "
                          f"{cache_seqlens.device}")
+    if cache_seqlens.device.type != "cpu":
+        return cache_seqlens                  # no read-back (see above): the kernels clamp instead
     lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
     if lo < 0 or hi > nmax:
         raise ValueError(f"cache_seqlens must lie in [0, {nmax}] (Nmax of k_cache), got values in "

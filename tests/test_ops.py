@@ -107,3 +107,44 @@ def test_reference_first_then_triton_on_cpu_in_one_process():
         """)
     assert r.returncode == 0, r.stderr
     assert "SAME True" in r.stdout
+
+
+def test_the_op_is_skipped_only_where_nothing_needs_it():
+    """Plain eager inference calls the backend directly (the op's dispatch is pure host overhead);
+    autograd, a dispatch mode (FakeTensorMode, FlopCounterMode) or a torch.func transform keep the op."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from flashlib import _ops
+    q, k, v = make_qkv(H=2, HKV=1, NQ=5, NK=7, D=8, dtype=torch.float32)
+    with torch.no_grad():
+        assert not _ops.op_needed(q, k, v)
+    assert not _ops.op_needed(q, k, v)                             # grad enabled, nothing requires it
+    assert _ops.op_needed(q.clone().requires_grad_(), k, v)
+    with FlopCounterMode(display=False):
+        assert _ops.op_needed(q, k, v)
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(x) for x in (q, k, v))
+        assert _ops.op_needed(fq, fk, fv)
+        o = flashlib.attention(fq, fk, fv, backend="reference")   # the op's fake: shapes, no kernel
+        assert o.shape == q.shape
+    seen = []
+    torch.func.grad(lambda x: seen.append(_ops.op_needed(x, k, v)) or x.sum())(q)
+    assert seen == [True]
+
+
+def test_direct_and_op_paths_give_the_same_result_and_call_the_backend_once():
+    ref, calls = BACKENDS["reference"], []
+
+    def forward(*args, **kwargs):
+        calls.append(kwargs["blocks"])
+        return ref.forward(*args, **kwargs)
+
+    q, k, v = make_qkv(H=4, HKV=2, NQ=9, NK=6, D=8, dtype=torch.float64)
+    with registered(Backend("counted", forward, ref.backward, ref.decode, ref.check)):
+        with torch.no_grad():
+            direct = flashlib.attention(q, k, v, causal=True, backend="counted", block_k=4)
+        through_op = flashlib.attention(*(x.clone().requires_grad_() for x in (q, k, v)), causal=True,
+                                        backend="counted", block_k=4)
+    assert calls == [(None, 4), (None, 4)]
+    torch.testing.assert_close(direct, through_op.detach(), rtol=0, atol=0)

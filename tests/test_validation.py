@@ -84,3 +84,15 @@ def test_one_definition_shared_by_the_api_the_ladder_the_cuda_kernels_and_the_ri
         cuda.forward(*_qkv(), scale="1")
     with pytest.raises(ValueError, match=r"cache_seqlens must lie in \[0, 5\] \(Nmax of k_cache\)"):
         cuda.decode(*_qkv(), cache_seqlens=torch.tensor([5, 6]), num_splits=2)
+
+
+def test_cache_seqlens_on_a_device_are_checked_without_reading_their_values():
+    """Reading a GPU tensor's lengths back would synchronise (and break CUDA-graph capture): off the CPU
+    only type, shape and device are checked. A meta tensor has no values at all, so a read would raise."""
+    q = torch.empty(2, 4, 1, 16, device="meta")
+    lens = torch.empty(2, dtype=torch.int32, device="meta")
+    assert check_cache_seqlens(lens, q, 10) is lens
+    with pytest.raises(ValueError, match=r"cache_seqlens must have shape \(2,\)"):
+        check_cache_seqlens(torch.empty(3, dtype=torch.int32, device="meta"), q, 10)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 10\]"):        # on the CPU they are read
+        check_cache_seqlens(torch.tensor([3, 11]), torch.empty(2, 4, 1, 16), 10)

@@ -65,7 +65,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
     B, H, NQ, D = q.shape
     group = H // k_cache.shape[1]
     qn, kn, vn = _to_numpy(q), _to_numpy(k_cache), _to_numpy(v_cache)
-    lens = cache_seqlens.detach().cpu().tolist()
+    lens = cache_seqlens.detach().clamp(0, k_cache.shape[2]).cpu().tolist()   # as the kernels clamp
     o = np.zeros(qn.shape, dtype=qn.dtype)
     lse = np.full(qn.shape[:-1], -np.inf, dtype=qn.dtype)
     for b in range(B):                                 # ragged: each sequence its own valid length

@@ -35,7 +35,7 @@ __all__ = ["decode", "grid_split", "grid_combine", "split_block_m", "SPLIT_SPEC"
 def _split_kernel(Q, K, V, SEQLENS, OP, LP,
                   stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                   stride_vb, stride_vh, stride_vn,
-                  qk_scale, B, H, HKV, GROUP, NQ, D,
+                  qk_scale, B, H, HKV, GROUP, NQ, NMAX, D,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     n_r = tl.cdiv(GROUP * NQ, BLOCK_M)                 # blocks of stacked query rows per kv head
@@ -49,7 +49,8 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
     h = hk * GROUP + g                                 # (BLOCK_M,) query head of each row
     offs_d = tl.arange(0, BLOCK_D)
     q = kit.load_tile(Q + b * stride_qb + h * stride_qh + iq * stride_qn, row_ok, offs_d, D, UPCAST)
-    nk = tl.load(SEQLENS + b)                          # this sequence's valid keys
+    # this sequence's valid keys, clamped into [0, NMAX]: the host does not read them back (no sync)
+    nk = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), NMAX)
     chunk = tl.cdiv(tl.cdiv(nk, n_splits), BLOCK_N) * BLOCK_N   # keys per split, whole blocks
     start = split * chunk
     end = tl.minimum(start + chunk, nk)
@@ -124,7 +125,7 @@ def grid_combine(B: int, H: int, NQ: int) -> tuple[int]:
 SPLIT_SPEC = KernelSpec(
     "decode_split", _split_kernel, pointers=dict(Q="in", K="in", V="in", SEQLENS="i32", OP="fp32", LP="fp32"),
     strides=("Q", "K", "V"), scalars=dict(qk_scale="fp32", B="i32", H="i32", HKV="i32", GROUP="i32", NQ="i32",
-                                          D="i32"),
+                                          NMAX="i32", D="i32"),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "UPCAST", "PRECISION"),
     grid=lambda a: grid_split(a["B"], a["HKV"], a["GROUP"], a["NQ"], a["BLOCK_M"], a["OP"].shape[0]),
     config="decode", smem=smem_estimate)     # Q resident, K and V streamed: the forward's tiles
@@ -138,8 +139,9 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
            config: Config | None = None):
     """Launch split-KV then combine: ``(o, lse)`` for ``q (B, H, Nq, d)``, caches ``(B, Hkv, Nmax, d)``.
 
-    ``cache_seqlens`` is an int32 tensor ``(B,)`` of valid cache lengths (validated by
-    :func:`flashlib.decode`). Partial results live in an fp32 buffer ``(num_splits, B·H·Nq, BLOCK_D)``.
+    ``cache_seqlens`` is an int32 tensor ``(B,)`` of valid cache lengths (checked by
+    :func:`flashlib.decode` on a CPU; on a GPU never read back by the host — the kernel clamps each into
+    ``[0, Nmax]`` — so a decode step neither waits for the GPU nor breaks CUDA-graph capture). Partial results live in an fp32 buffer ``(num_splits, B·H·Nq, BLOCK_D)``.
 
     Explained in: notebooks/06_flash_decoding.
     Tested in: tests/kernels/triton/test_triton_decode.py.
@@ -152,7 +154,8 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
     o_part = torch.empty((num_splits, n_rows, block_d), device=q.device, dtype=torch.float32)
     lse_part = torch.empty((num_splits, n_rows), device=q.device, dtype=torch.float32)
     args = dict(Q=q, K=k_cache, V=v_cache, SEQLENS=cache_seqlens, OP=o_part, LP=lse_part,
-                qk_scale=kit.qk_scale(scale), B=B, H=H, HKV=HKV, GROUP=group, NQ=NQ, D=D, BLOCK_D=block_d,
+                qk_scale=kit.qk_scale(scale), B=B, H=H, HKV=HKV, GROUP=group, NQ=NQ, NMAX=k_cache.shape[2], D=D,
+                BLOCK_D=block_d,
                 UPCAST=INTERPRET and q.dtype == torch.bfloat16, PRECISION="ieee")
     launch(SPLIT_SPEC, q.device, block_d, q.element_size(),
            lambda cfg: SPLIT_SPEC.launch(cfg, **args, BLOCK_M=split_block_m(cfg.block_m, group, NQ)), config)

@@ -66,3 +66,16 @@ def test_decode_awkward_batch_heads_match_oracle(num_splits):
     q, kc, vc, _ = make_qkv(3, 5, 1, 13, 50, 24, seed=10, device=DEVICE)
     lens = torch.tensor([50, 0, 17], dtype=torch.int32, device=DEVICE)
     assert_decode_matches_oracle(q, kc, vc, lens, num_splits)
+
+
+def test_decode_kernel_clamps_lengths_it_is_not_checked_for():
+    """On a GPU flashlib.decode does not read the lengths back: the kernel itself clamps them into
+    [0, Nmax], so a length past the cache reads nothing outside it and a negative one sees no key."""
+    from flashlib.kernels.triton import decode as tdecode
+    q, kc, vc, _ = make_qkv(3, 4, 2, 1, 20, 16, seed=11, device=DEVICE)
+    bad = torch.tensor([-3, 25, 7], dtype=torch.int32, device=DEVICE)
+    good = torch.tensor([0, 20, 7], dtype=torch.int32, device=DEVICE)
+    o_bad, lse_bad = tdecode.decode(q, kc, vc, bad, num_splits=2, scale=0.25)
+    o_good, lse_good = tdecode.decode(q, kc, vc, good, num_splits=2, scale=0.25)
+    assert torch.equal(o_bad, o_good) and torch.equal(lse_bad, lse_good)
+    assert torch.isneginf(lse_bad[0]).all() and (o_bad[0] == 0).all()

@@ -46,7 +46,7 @@ __device__ void split(const T* __restrict__ q, const T* __restrict__ k, const T*
     const int bh = blockIdx.x / S, s = blockIdx.x - bh * S;   // blockIdx.x = (b * H + h) * S + s
     const int b = bh / H, h = bh - b * H, hk = h / (H / Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int len = seqlens[b];
+    const int len = min(max(seqlens[b], 0), nmax);   // clamped: the host does not read lengths back
     const int k0 = int((long long)s * len / S), k1 = int((long long)(s + 1) * len / S);   // split_bounds
     const T* kh = k + ((long long)(b) * Hkv + hk) * nmax * d;
     const T* vh = v + ((long long)(b) * Hkv + hk) * nmax * d;

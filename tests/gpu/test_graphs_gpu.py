@@ -1,0 +1,93 @@
+"""No GPU→CPU synchronisation in flashlib.attention and flashlib.decode, and both capturable in a CUDA graph.
+
+A decode step that reads anything back from the GPU (for example the range of ``cache_seqlens``) makes
+the host wait for every queued kernel, about 100 µs on an H100, and cannot be captured in a CUDA graph.
+torch's sync debug mode turns any such read into an error; a captured graph replayed on new inputs
+must give what an eager call gives.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashlib
+from triton_cases import make_qkv
+
+
+@pytest.fixture
+def no_sync():
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _decode_inputs(seed=0):
+    q, kc, vc, _ = make_qkv(3, 8, 2, 1, 1037, 128, torch.float16, seed=seed, device="cuda")
+    lens = torch.tensor([1037, 0, 513], dtype=torch.int32, device="cuda")
+    return q, kc, vc, lens
+
+
+def test_decode_never_syncs(no_sync):
+    q, kc, vc, lens = _decode_inputs()
+    flashlib.decode(q, kc, vc, cache_seqlens=lens)
+    flashlib.decode(q, kc, vc)                         # cache_seqlens=None: every key is valid
+    flashlib.decode(q, kc, vc, cache_seqlens=lens.long(), num_splits=4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_forward_and_backward_never_sync(causal):
+    q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, torch.float16, seed=1, device="cuda")
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+    flashlib.attention(*leaves, causal=causal).backward(do)        # compile outside the debug mode
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        o = flashlib.attention(*leaves, causal=causal)
+        torch.autograd.grad(o, leaves, do)
+        with torch.no_grad():
+            flashlib.attention(q, k, v, causal=causal)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _capture(fn):
+    """Warm ``fn`` up on a side stream (Triton compiles, allocators settle), then capture it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def test_decode_is_captured_in_a_cuda_graph_and_replays_on_new_inputs():
+    q, kc, vc, lens = _decode_inputs()
+    graph, out = _capture(lambda: flashlib.decode(q, kc, vc, cache_seqlens=lens))
+    q2, kc2, vc2, _ = _decode_inputs(seed=7)
+    for dst, src in ((q, q2), (kc, kc2), (vc, vc2)):
+        dst.copy_(src)
+    lens.copy_(torch.tensor([5, 1037, 0], dtype=torch.int32))
+    graph.replay()
+    want = flashlib.decode(q, kc, vc, cache_seqlens=lens)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)          # the same kernels on the same inputs
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_inference_is_captured_in_a_cuda_graph(causal):
+    q, k, v, _ = make_qkv(2, 8, 2, 300, 517, 64, torch.bfloat16, seed=2, device="cuda")
+
+    def step():
+        with torch.no_grad():
+            return flashlib.attention(q, k, v, causal=causal)
+
+    graph, out = _capture(step)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.testing.assert_close(out, step(), rtol=0, atol=0)
