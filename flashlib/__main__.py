@@ -71,7 +71,8 @@ COMMANDS = {
              _add_info_arguments, _run_info),
     "check": ("run every available backend against the float64 oracle on this device: pass/fail table",
               _add_check_arguments, _run_check),
-    "bench": ("time the Triton kernels vs torch SDPA and naive attention (GPU; on CPU: compile report)",
+    "bench": ("time the Triton kernels vs each torch SDPA backend and naive attention (GPU; --save FILE.json "
+              "keeps every measurement; on CPU: compile report)",
               _add_bench_arguments, _run_bench),
     "compile-report": ("compile every kernel for sm_75..sm_90 and print registers/spills/smem/tensor cores",
                        _add_report_arguments, _run_report),

@@ -16,6 +16,14 @@ bottom-right ``causal``. The router reproduces SDPA: with ``Nq < Nk`` the keys p
 visible, so it attends to the first ``Nq`` keys; with ``Nq > Nk`` the first ``Nk`` queries form a square
 causal problem and the rest see every key.
 
+A routed call that is decode-shaped (:func:`decode_shaped`: no gradient needed, no causal mask, at most
+16 queries against at least 4 keys per query) goes to :func:`flashlib.decode` (Flash-Decoding's split-KV)
+instead of :func:`flashlib.attention`: the token-by-token steps of generation with a KV cache, which
+Hugging Face models run as SDPA calls with one query and ``is_causal=False``.
+
+:data:`stats` counts the calls: ``"routed"`` every call flashlib computed (by attention or decode),
+``"decode"`` those of them that went to decode, ``"fallback"`` those the original SDPA computed.
+
 Explained in: notebooks/09_models.
 """
 from __future__ import annotations
@@ -26,10 +34,12 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "stats", "route_reason", "scaled_dot_product_attention",
-           "top_left_causal"]
+           "top_left_causal", "decode_shaped", "DECODE_MAX_QUERIES", "DECODE_MIN_KEYS_PER_QUERY"]
 
 _original = None            # the function object enable() replaced; None while disabled
-stats = {"routed": 0, "fallback": 0}
+stats = {"routed": 0, "decode": 0, "fallback": 0}   # routed: flashlib computed it; decode: of those, decode did
+DECODE_MAX_QUERIES = 16         # decode_shaped: at most this many queries ...
+DECODE_MIN_KEYS_PER_QUERY = 4   # ... against at least this many keys per query
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -85,12 +95,39 @@ def top_left_causal(q, k, v, scale):
     return torch.cat([head, tail], dim=-2)
 
 
+def decode_shaped(query, key, value, is_causal=False) -> bool:
+    """Whether an SDPA call that :func:`route_reason` accepts goes to :func:`flashlib.decode` (True)
+    rather than :func:`flashlib.attention` (False). ``(B, H, Nq, d)`` query, ``(B, Hkv, Nk, d)`` key
+    and value; GQA goes to decode as it is (``H % Hkv == 0``, no copies). All three must hold:
+
+    * **No gradient**: decode is inference only. Grad mode is off, or none of q, k, v requires grad.
+    * **The same mask**: decode lets every query see every key, which is SDPA's ``is_causal=False``.
+      SDPA's ``is_causal=True`` is top-left: query 0 sees key 0 only, so it means "every key" only when
+      ``Nk == 1``, where there is no cache to split. Causal calls never go to decode (a Hugging Face
+      prefill passes ``is_causal=True``; its token-by-token steps pass one query and ``is_causal=False``).
+    * **Few queries, a long cache**: ``Nq <= DECODE_MAX_QUERIES`` (16) and
+      ``Nk >= DECODE_MIN_KEYS_PER_QUERY * Nq`` (4). The attention forward gives each (batch, head) one
+      program per block of 32 to 128 query rows; with 16 rows or fewer that block is at least half
+      empty, only B·H programs run, and each walks the whole cache alone. Flash-Decoding stacks the
+      query rows of a GQA group (16 rows: its smallest tile) and splits the cache over more programs.
+      With fewer than 4 keys per query the call is no cache but a small, nearly square problem, which
+      the forward does in one launch where decode needs two (split, then combine).
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/auto/test_auto.py.
+    """
+    nq, nk = query.shape[-2], key.shape[-2]
+    if is_causal or nq > DECODE_MAX_QUERIES or nk < DECODE_MIN_KEYS_PER_QUERY * nq:
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
     """What :func:`enable` puts in the place of ``torch.nn.functional.scaled_dot_product_attention``:
     SDPA's signature and semantics (top-left ``is_causal``), computed by :func:`flashlib.attention`
-    when :func:`route_reason` finds nothing against it, else by the original SDPA (counted in
-    :data:`stats`).
+    when :func:`route_reason` finds nothing against it (by :func:`flashlib.decode` when the call is
+    :func:`decode_shaped`), else by the original SDPA (counted in :data:`stats`).
 
     Explained in: notebooks/09_models.
     Tested in: tests/auto/test_auto.py.
@@ -100,6 +137,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         return _original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     stats["routed"] += 1
+    if decode_shaped(query, key, value, is_causal):
+        stats["decode"] += 1
+        from .. import decode
+        return decode(query, key, value, scale=scale)                    # every query sees every key
     if is_causal:
         return top_left_causal(query, key, value, scale)
     from .. import attention

@@ -3,20 +3,48 @@
 Forward and backward throughput in TFLOP/s with FlashAttention-2's FLOP count (4·N²·d·H per batch
 element forward, 2.5x that backward, halved for causal), and decode bandwidth in GB/s of K/V read,
 across sequence lengths N. Timing: ``triton.testing.do_bench`` (CUDA events, warm-up, median).
+torch's SDPA is timed in the same process once per backend (FlashAttention-2, cuDNN, memory-efficient),
+forced with ``torch.nn.attention.sdpa_kernel``; speed is the ratio of their times to flashlib's
+(:func:`ratios`).
+
+A run can be saved (``python -m flashlib bench --save FILE.json``, :func:`save`): the file records the
+GPU, driver, CUDA, torch, triton, flashlib's version and git commit, the UTC date, the configuration
+and every measurement (schema :data:`SCHEMA`, described in ``benchmarks/README.md``). :func:`load`
+validates one and :func:`plot_file` draws it, labelled with where and when it was measured.
 
 On a machine with no CUDA GPU nothing is timed: :func:`main` says so and prints the compile report's
-summary instead (what the kernels compile to on each GPU) — flashlib never prints a GPU number it did
-not measure.
+summary instead (what the kernels compile to on each GPU), and ``--save`` writes nothing — flashlib
+never prints or records a GPU number it did not measure.
 
 Explained in: notebooks/07_triton.
 """
 from __future__ import annotations
 
+import contextlib
+import datetime
+import json
+import math
+import pathlib
+import re
+import subprocess
+import sys
+import warnings
 from typing import Callable
 
-__all__ = ["attention_flops", "decode_bytes", "run", "plot", "main"]
+__all__ = ["SCHEMA", "SDPA_BACKENDS", "attention_flops", "decode_bytes", "environment", "run", "ratios",
+           "save", "load", "plot", "plot_file", "main"]
 
 DEFAULT_NS = (512, 1024, 2048, 4096, 8192, 16384)
+SCHEMA = "flashlib-bench/1"        # the result file's format; a change to it gets a new number
+# The rows that time torch's SDPA, and the torch.nn.attention.SDPBackend each one forces.
+SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
+                 "sdpa-efficient": "EFFICIENT_ATTENTION"}
+TIMES = ("fwd_ms", "bwd_ms", "decode_ms")          # what a row measures, in milliseconds per call
+DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}     # bench dtypes and their bytes per element
+DEFAULT_TIMER = "triton.testing.do_bench(return_mode='median')"
+_ENV_FIELDS = ("device", "compute_capability", "sm_count", "driver", "cuda", "torch", "triton", "flashlib",
+               "commit", "dirty", "date")
+_WHY_MAX = 600                                     # characters of a refusal's reason that are kept
 
 
 def attention_flops(batch: int, heads: int, n_q: int, n_k: int, d: int, *, causal: bool = False,
@@ -55,148 +83,487 @@ def _naive(q, k, v, causal):
 
 
 def _sdpa(q, k, v, causal):
+    """torch's SDPA with flashlib's semantics (GQA, bottom-right causal), with the fewest masks: fused
+    backends refuse an explicit mask, so one is passed only where no flag says the same."""
     import torch
     g = q.shape[1] // k.shape[1]
     if g > 1:
         k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     nq, nk = q.shape[2], k.shape[2]
-    if causal and nq != nk:     # SDPA's is_causal is top-left aligned: pass our bottom-right mask
-        mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if not causal or nq == 1:   # bottom-right: a single query row (decoding) sees every key
+        return sdpa(q, k, v)
+    if nq == nk:                # SDPA's is_causal is top-left aligned: the same only when Nq == Nk
+        return sdpa(q, k, v, is_causal=True)
+    mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
+    return sdpa(q, k, v, attn_mask=mask)
 
 
-def _time(timer: Callable, fn) -> float | None:
-    """Milliseconds per call, or None when the implementation runs out of memory at this size."""
+def _sdpa_contexts():
+    """``{row name: (context factory, None) or (None, why this torch cannot force it)}``."""
     import torch
     try:
-        return float(timer(fn))
-    except torch.cuda.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        return None
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        why = f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel (torch >= 2.3 has)"
+        return {name: (None, why) for name in SDPA_BACKENDS}
+    out = {}
+    for name, member in SDPA_BACKENDS.items():
+        if hasattr(SDPBackend, member):
+            out[name] = (lambda m=getattr(SDPBackend, member): sdpa_kernel(m), None)
+        else:
+            out[name] = (None, f"torch {torch.__version__} has no SDPBackend.{member}")
+    return out
+
+
+def _measure(call: Callable, refusals: tuple = ()) -> tuple[float | None, str | None]:
+    """``(ms, None)`` from ``call() -> ms``, or ``(None, why)``: out of memory, or an exception in
+    ``refusals`` (an SDPA backend refusing this shape or dtype), with the warnings torch gave why."""
+    import torch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            return float(call()), None
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return None, "out of memory"
+        except refusals as e:
+            said = dict.fromkeys(" ".join(str(w.message).split()) for w in caught)
+            return None, " ".join([*said, f"{type(e).__name__}: {e}"])[:_WHY_MAX]
+
+
+def _backward(fn, q, k, v, do):
+    """A call that runs only the backward: the forward runs once here and its graph is kept."""
+    import torch
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    o = fn(qg, kg, vg)
+    return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
+
+
+def _time_impl(timer, fn, dec, qkv_do, context, refusals) -> tuple[dict, dict]:
+    """Forward, backward and decode times of one implementation (``context`` forces its SDPA
+    backend), and why any of them is missing."""
+    import torch
+    q, k, v, do = qkv_do
+    calls = {"fwd_ms": lambda: timer(lambda: fn(q, k, v)),
+             "bwd_ms": lambda: timer(_backward(fn, q, k, v, do)),
+             "decode_ms": lambda: timer(dec)}
+    times, why = dict.fromkeys(TIMES), {}
+    for key, call in calls.items():
+        if key == "bwd_ms" and times["fwd_ms"] is None:
+            why[key] = "not timed: the forward has no time"
+            continue
+        with context(), (torch.no_grad() if key == "decode_ms" else torch.enable_grad()):
+            times[key], reason = _measure(call, refusals)
+        if reason:
+            why[key] = reason
+    return times, why
+
+
+def _git_commit() -> tuple[str, bool | None]:
+    """flashlib's git commit and whether tracked files differ from it, when it runs from a checkout;
+    ``("unknown", None)`` otherwise (an installed wheel, no git, a repository git will not read)."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return "unknown", None
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+    try:
+        return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", None
+
+
+def _nvidia_driver(index: int) -> str:
+    """The NVIDIA driver's version (e.g. "550.54.15"): from nvidia-smi, else NVML, else "unknown"."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=True)
+        if out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:                              # noqa: BLE001 - NVML absent or failing: say unknown
+        return "unknown"
+
+
+def environment(device="cuda") -> dict:
+    """Where and when a run happens: device name, compute capability, SM count, NVIDIA driver, CUDA
+    (torch's), torch, triton, flashlib's version and git commit ("unknown" outside a git checkout;
+    ``dirty``: tracked files differ from it), and the UTC date. On a CPU the GPU fields are None.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
+    """
+    import torch
+
+    from .. import __version__
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    dev = torch.device(device)
+    gpu = dev.type == "cuda"
+    props = torch.cuda.get_device_properties(dev) if gpu else None
+    commit, dirty = _git_commit()
+    return {
+        "device": props.name if gpu else "cpu",
+        "compute_capability": f"sm_{props.major}{props.minor}" if gpu else None,
+        "sm_count": props.multi_processor_count if gpu else None,
+        "driver": _nvidia_driver(dev.index or 0) if gpu else None,
+        "cuda": torch.version.cuda if gpu else None,
+        "torch": torch.__version__, "triton": triton_version, "flashlib": __version__,
+        "commit": commit, "dirty": dirty,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def _with_throughput(row: dict, config: dict) -> dict:
+    """``row`` plus what its times mean: forward/backward TFLOP/s and decode GB/s (None where no time)."""
+    b, h, n, d = config["batch"], config["heads"], row["n"], config["head_dim"]
+    work = {"fwd_tflops": ("fwd_ms", attention_flops(b, h, n, n, d, causal=config["causal"]) / 1e12),
+            "bwd_tflops": ("bwd_ms", attention_flops(b, h, n, n, d, causal=config["causal"],
+                                                     backward=True) / 1e12),
+            "decode_gbs": ("decode_ms", decode_bytes(b, config["kv_heads"], n, d, DTYPES[config["dtype"]]) / 1e9)}
+    return {**row, **{key: (amount / (row[t] * 1e-3) if row[t] else None) for key, (t, amount) in work.items()}}
 
 
 def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype="float16", causal=False,
         device="cuda", timer: Callable | None = None, progress=True) -> dict:
-    """Time forward, backward and decode of "flashlib" (Triton), "sdpa" and "naive" at each N.
+    """Time forward, backward and decode of "flashlib" (Triton), torch SDPA forced to each of its
+    backends ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient") and "naive" at each N.
 
-    Returns ``{"config": {...}, "rows": [{"n", "impl", "fwd_ms", "bwd_ms", "decode_ms",
-    "fwd_tflops", "bwd_tflops", "decode_gbs"}]}`` (None where an implementation ran out of memory).
-    ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench``; tests pass another to run the
-    plumbing on a CPU at tiny sizes.
+    Returns ``{"environment": environment(device), "config": {"ns", "batch", "heads", "kv_heads",
+    "head_dim", "dtype", "causal", "timer"}, "rows": [{"n", "impl", "fwd_ms", "bwd_ms", "decode_ms",
+    "why", "fwd_tflops", "bwd_tflops", "decode_gbs"}]}``. A time is None where the implementation ran
+    out of memory or an SDPA backend refused the shape or dtype; ``why`` maps each such time to the
+    reason (nothing is dropped silently). SDPA gets K and V already expanded to H heads (outside the
+    timing). ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench`` (median); tests pass another to
+    run the plumbing on a CPU at tiny sizes.
 
-    Explained in: notebooks/01_naive_attention.
+    Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_bench.py.
     """
     import torch
     from tqdm.auto import tqdm
 
     import flashlib
-    kv_heads = kv_heads or heads
-    dt = getattr(torch, dtype)
+    timer_name = DEFAULT_TIMER if timer is None else getattr(timer, "__qualname__", repr(timer))
+    config = dict(ns=list(ns) if isinstance(ns, (list, tuple, range)) else ns, batch=batch, heads=heads,
+                  kv_heads=heads if kv_heads is None else kv_heads, head_dim=head_dim, dtype=dtype,
+                  causal=causal, timer=timer_name)
+    _check_config(config, "run")
     if timer is None:
         from triton.testing import do_bench
-        timer = do_bench
-    backend = "triton"
+        timer = lambda fn: do_bench(fn, return_mode="median")            # noqa: E731
+    env = environment(device)
+    kv_heads, dt, group = config["kv_heads"], getattr(torch, dtype), heads // config["kv_heads"]
+    sdpa = _sdpa_contexts()
+    attend = {"flashlib": lambda a, b, c: flashlib.attention(a, b, c, causal=causal, backend="triton"),
+              **{name: lambda a, b, c: _sdpa(a, b, c, causal) for name in SDPA_BACKENDS},
+              "naive": lambda a, b, c: _naive(a, b, c, causal)}
     rows = []
-    for n in tqdm(list(ns), desc="bench N", disable=not progress):
+    for n in tqdm(config["ns"], desc="bench N", disable=not progress):
         gen = torch.Generator(device=device).manual_seed(n)
-        q = torch.randn(batch, heads, n, head_dim, device=device, dtype=dt, generator=gen)
-        k = torch.randn(batch, kv_heads, n, head_dim, device=device, dtype=dt, generator=gen)
+        q = torch.randn(batch, heads, n, head_dim, device=device, dtype=dt, generator=gen)   # (B, H, N, d)
+        k = torch.randn(batch, kv_heads, n, head_dim, device=device, dtype=dt, generator=gen)  # (B, Hkv, N, d)
         v = torch.randn(batch, kv_heads, n, head_dim, device=device, dtype=dt, generator=gen)
         do = torch.randn_like(q)
-        q1 = q[:, :, -1:].contiguous()
-        impls = {"flashlib": lambda a, b, c: flashlib.attention(a, b, c, causal=causal, backend=backend),
-                 "sdpa": lambda a, b, c: _sdpa(a, b, c, causal),
-                 "naive": lambda a, b, c: _naive(a, b, c, causal)}
-        for name, fn in impls.items():
-            row = {"n": n, "impl": name}
-            row["fwd_ms"] = _time(timer, lambda: fn(q, k, v))
-            row["bwd_ms"] = None
-            if row["fwd_ms"] is not None:
-                qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
-                try:
-                    o = fn(qg, kg, vg)
-                    row["bwd_ms"] = _time(timer, lambda: torch.autograd.grad(o, (qg, kg, vg), do,
-                                                                          retain_graph=True))
-                except torch.cuda.OutOfMemoryError:
-                    torch.cuda.empty_cache()
-                del qg, kg, vg
-            with torch.no_grad():
-                if name == "flashlib":
-                    dec = lambda: flashlib.decode(q1, k, v, backend=backend)   # noqa: E731
-                else:
-                    dec = lambda: fn(q1, k, v)                                 # noqa: E731
-                row["decode_ms"] = _time(timer, dec)
-            fl = attention_flops(batch, heads, n, n, head_dim, causal=causal)
-            flb = attention_flops(batch, heads, n, n, head_dim, causal=causal, backward=True)
-            by = decode_bytes(batch, kv_heads, n, head_dim, q.element_size())
-            row["fwd_tflops"] = fl / (row["fwd_ms"] * 1e-3) / 1e12 if row["fwd_ms"] else None
-            row["bwd_tflops"] = flb / (row["bwd_ms"] * 1e-3) / 1e12 if row["bwd_ms"] else None
-            row["decode_gbs"] = by / (row["decode_ms"] * 1e-3) / 1e9 if row["decode_ms"] else None
-            rows.append(row)
-    device_name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
-    return {"config": dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
-                           causal=causal, device=device_name), "rows": rows}
+        q1 = q[:, :, -1:].contiguous()                                                       # (B, H, 1, d)
+        expanded = (k, v) if group == 1 else (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+        for name, fn in attend.items():
+            kk, vv = expanded if name in SDPA_BACKENDS else (k, v)
+            if name == "flashlib":
+                dec = lambda: flashlib.decode(q1, k, v, backend="triton")               # noqa: E731
+            else:
+                dec = lambda: fn(q1, kk, vv)                                               # noqa: E731
+            context, why_not = sdpa.get(name, (contextlib.nullcontext, None))   # non-SDPA: forces nothing
+            if why_not:
+                times, why = dict.fromkeys(TIMES), dict.fromkeys(TIMES, why_not)
+            else:
+                refusals = (RuntimeError,) if name in SDPA_BACKENDS else ()
+                times, why = _time_impl(timer, fn, dec, (q, kk, vv, do), context, refusals)
+            rows.append(_with_throughput({"n": n, "impl": name, **times, "why": why}, config))
+    return {"environment": env, "config": config, "rows": rows}
+
+
+# ---- result files: one validator for run's arguments, save and load ----
+
+def _fail(source, field, expected, got):
+    raise ValueError(f"{source}: {field} must be {expected}, got {got!r}")
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _check_config(config, source) -> None:
+    if not isinstance(config, dict):
+        _fail(source, "config", "a dict", config)
+    ns = config.get("ns")
+    if not isinstance(ns, list) or not ns or not all(_positive_int(n) for n in ns):
+        _fail(source, "config.ns", "a non-empty list of positive ints (sequence lengths)", ns)
+    for key in ("batch", "heads", "kv_heads", "head_dim"):
+        if not _positive_int(config.get(key)):
+            _fail(source, f"config.{key}", "a positive int", config.get(key))
+    if config["heads"] % config["kv_heads"]:
+        _fail(source, "config.kv_heads", f"a divisor of heads={config['heads']} (GQA)", config["kv_heads"])
+    if config.get("dtype") not in DTYPES:
+        _fail(source, "config.dtype", f"one of {sorted(DTYPES)}", config.get("dtype"))
+    if not isinstance(config.get("causal"), bool):
+        _fail(source, "config.causal", "a bool", config.get("causal"))
+    if not isinstance(config.get("timer"), str) or not config["timer"]:
+        _fail(source, "config.timer", "the timer's name", config.get("timer"))
+
+
+def _check_environment(env, source) -> None:
+    """A file's environment must name a CUDA GPU: nothing measured on a CPU is saved."""
+    if not isinstance(env, dict):
+        _fail(source, "environment", "a dict", env)
+    if not isinstance(env.get("device"), str) or env["device"] in ("", "cpu"):
+        _fail(source, "environment.device", "a CUDA GPU's name (nothing measured on a CPU is saved)",
+              env.get("device"))
+    for key in ("driver", "cuda", "torch", "triton", "flashlib", "commit"):
+        if not isinstance(env.get(key), str) or not env[key]:
+            _fail(source, f"environment.{key}", "a non-empty string", env.get(key))
+    if not re.fullmatch(r"sm_\d+", str(env.get("compute_capability"))):
+        _fail(source, "environment.compute_capability", "a CUDA GPU's 'sm_XY'", env.get("compute_capability"))
+    if not _positive_int(env.get("sm_count")):
+        _fail(source, "environment.sm_count", "a positive int (the GPU's SMs)", env.get("sm_count"))
+    if env.get("dirty") not in (True, False, None):
+        _fail(source, "environment.dirty", "true, false or null", env.get("dirty"))
+    try:
+        datetime.datetime.strptime(env.get("date"), "%Y-%m-%dT%H:%M:%SZ")
+    except (TypeError, ValueError):
+        _fail(source, "environment.date", "a UTC time like '2026-01-31T12:00:00Z'", env.get("date"))
+
+
+def _check_rows(rows, config, source) -> None:
+    """Every time positive or null with its reason, and flashlib and each SDPA backend at every N."""
+    if not isinstance(rows, list) or not rows:
+        _fail(source, "rows", "a non-empty list", rows)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            _fail(source, f"rows[{i}]", "a dict", row)
+        if row.get("n") not in config["ns"]:
+            _fail(source, f"rows[{i}].n", f"one of config.ns {config['ns']}", row.get("n"))
+        if not isinstance(row.get("impl"), str) or not row["impl"]:
+            _fail(source, f"rows[{i}].impl", "an implementation's name", row.get("impl"))
+        why = row.get("why")
+        if not isinstance(why, dict):
+            _fail(source, f"rows[{i}].why", "a dict of reasons for the null times", why)
+        for key in TIMES:
+            t = row.get(key, "missing")
+            if t is None:
+                if not isinstance(why.get(key), str) or not why[key]:
+                    _fail(source, f"rows[{i}].why.{key}", f"the reason {key} is null", why.get(key))
+            elif isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+                _fail(source, f"rows[{i}].{key}", "a positive number of milliseconds or null", t)
+    present = {(r["n"], r["impl"]) for r in rows}
+    for n in config["ns"]:
+        for impl in ("flashlib", *SDPA_BACKENDS):
+            if (n, impl) not in present:
+                _fail(source, "rows", f"a row for impl={impl!r} at n={n} (SDPA is measured in the same run)",
+                      sorted(i for m, i in present if m == n))
+
+
+def _check(results, source) -> None:
+    if not isinstance(results, dict):
+        _fail(source, "the results", "a dict from run() or load()", type(results).__name__)
+    _check_environment(results.get("environment"), source)
+    _check_config(results.get("config"), source)
+    _check_rows(results.get("rows"), results["config"], source)
+
+
+def save(results: dict, path) -> pathlib.Path:
+    """Write ``results`` (from :func:`run` on a CUDA GPU) to ``path`` as JSON, schema :data:`SCHEMA`:
+    ``{"schema", "environment", "config", "rows": [{"n", "impl", "fwd_ms", "bwd_ms", "decode_ms",
+    "why"}]}``; throughputs are not stored (:func:`load` derives them from the times). Results that are
+    not a CUDA GPU's, or lack a field, are refused with a ValueError and nothing is written.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
+    """
+    _check(results, "results")
+    data = {"schema": SCHEMA, "environment": {k: results["environment"][k] for k in _ENV_FIELDS},
+            "config": results["config"],
+            "rows": [{k: r[k] for k in ("n", "impl", *TIMES, "why")} for r in results["rows"]]}
+    path = pathlib.Path(path)
+    path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def load(path) -> dict:
+    """Read a result file written by :func:`save`, check it, and return it as :func:`run` returns
+    results (with TFLOP/s and GB/s derived from the times). A file that is not JSON, has another
+    schema, or lacks or mistypes a field is refused with a ValueError naming the file and the field.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
+    """
+    path = pathlib.Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a JSON file ({e})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        _fail(path, "schema", repr(SCHEMA), got)
+    _check(data, path)
+    return {"environment": data["environment"], "config": data["config"],
+            "rows": [_with_throughput(r, data["config"]) for r in data["rows"]]}
+
+
+def ratios(results: dict, impl: str = "flashlib") -> list[dict]:
+    """Speed of ``impl`` against each SDPA backend measured in the same run, at each N:
+    ``[{"n", "baseline", "fwd", "bwd", "decode"}]``, each the backend's time / ``impl``'s (> 1: ``impl``
+    is faster; equal to the ratio of TFLOP/s), None where either has no time.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
+    """
+    mine = {r["n"]: r for r in results["rows"] if r["impl"] == impl}
+    if not mine:
+        raise ValueError(f"impl must be one of the results' implementations "
+                         f"{sorted({r['impl'] for r in results['rows']})}, got {impl!r}")
+    return [{"n": r["n"], "baseline": r["impl"],
+             **{t[:-3]: (r[t] / mine[r["n"]][t] if r[t] and mine[r["n"]][t] else None) for t in TIMES}}
+            for r in results["rows"] if r["impl"] in SDPA_BACKENDS and r["n"] in mine]
+
+
+def _title(results: dict) -> str:
+    env, c = results["environment"], results["config"]
+    where = env["device"]
+    if env["compute_capability"] is not None:
+        where += (f" ({env['compute_capability']}, {env['sm_count']} SMs, driver {env['driver']}, "
+                  f"CUDA {env['cuda']})")
+    commit = env["commit"][:10] + (" + uncommitted changes" if env["dirty"] else "")
+    return (f"measured on {where}; torch {env['torch']}, triton {env['triton']}; flashlib {env['flashlib']} "
+            f"commit {commit}; {env['date']}\nB={c['batch']} H={c['heads']} Hkv={c['kv_heads']} "
+            f"d={c['head_dim']} {c['dtype']}{' causal' if c['causal'] else ''}; times: {c['timer']}")
 
 
 def plot(results: dict, path=None):
-    """Three panels (forward TFLOP/s, backward TFLOP/s, decode GB/s) against N; saved if ``path``.
+    """Top: forward TFLOP/s, backward TFLOP/s and decode GB/s of each implementation against N; bottom:
+    flashlib's speed relative to each SDPA backend (:func:`ratios`). Titled with where, with what and
+    when it was measured; saved if ``path``.
 
-    Explained in: notebooks/01_naive_attention.
+    Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_bench.py.
     """
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    panels = (("fwd_tflops", "forward TFLOP/s"), ("bwd_tflops", "backward TFLOP/s"),
-              ("decode_gbs", "decode GB/s (K/V read)"))
-    for ax, (key, label) in zip(axes, panels):
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
+    panels = (("fwd_tflops", "forward TFLOP/s", "fwd"), ("bwd_tflops", "backward TFLOP/s", "bwd"),
+              ("decode_gbs", "decode GB/s (K/V read)", "decode"))
+    speed = ratios(results)
+    for (top, bottom), (key, label, short) in zip(axes.T, panels):
         for impl in dict.fromkeys(r["impl"] for r in results["rows"]):
             pts = [(r["n"], r[key]) for r in results["rows"] if r["impl"] == impl and r[key] is not None]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=impl)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel(label)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    c = results["config"]
-    fig.suptitle(f"measured on {c['device']}: B={c['batch']} H={c['heads']} Hkv={c['kv_heads']} "
-                 f"d={c['head_dim']} {c['dtype']}{' causal' if c['causal'] else ''}")
+                top.plot(*zip(*pts), marker="o", label=impl)
+        top.set_ylabel(label)
+        for base in SDPA_BACKENDS:
+            pts = [(s["n"], s[short]) for s in speed if s["baseline"] == base and s[short] is not None]
+            if pts:
+                bottom.plot(*zip(*pts), marker="o", label=f"vs {base}")
+        bottom.axhline(1.0, color="gray", linewidth=1)
+        bottom.set_ylabel(f"{short}: SDPA time / flashlib time")
+        bottom.set_xlabel("sequence length N")
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(results["config"]["ns"], [str(n) for n in results["config"]["ns"]])
+            ax.minorticks_off()
+            ax.grid(True, alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+    fig.suptitle(_title(results), fontsize=9)
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=120)
     return fig
 
 
+def plot_file(path, out=None):
+    """:func:`plot` of the result file ``path`` (checked by :func:`load`); saved to ``out`` if given.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
+    """
+    return plot(load(path), out)
+
+
 def format_results(results: dict) -> str:
-    """The measurements as a table (None: out of memory)."""
-    def f(x):
-        return "OOM" if x is None else f"{x:8.1f}"
-    lines = [f"{'N':>6} {'impl':<9} {'fwd TF/s':>8} {'bwd TF/s':>8} {'dec GB/s':>8}"]
+    """The measurements as a table, flashlib's speed against each SDPA backend, and why any time is
+    missing (OOM: out of memory; refused: the SDPA backend does not take this shape or dtype; -: the
+    backward of a forward that has no time)."""
+    def f(x, why=None):
+        if x is not None:
+            return f"{x:8.1f}"
+        return ("OOM" if why == "out of memory" else "-" if why.startswith("not timed") else "refused").rjust(8)
+
+    def x(r):
+        return "       -" if r is None else f"{r:7.2f}x"
+    lines = [f"{'N':>6} {'impl':<15} {'fwd TF/s':>8} {'bwd TF/s':>8} {'dec GB/s':>8}"]
     for r in results["rows"]:
-        lines.append(f"{r['n']:>6} {r['impl']:<9} {f(r['fwd_tflops'])} {f(r['bwd_tflops'])} "
-                     f"{f(r['decode_gbs'])}")
+        w = r["why"]
+        lines.append(f"{r['n']:>6} {r['impl']:<15} {f(r['fwd_tflops'], w.get('fwd_ms'))} "
+                     f"{f(r['bwd_tflops'], w.get('bwd_ms'))} {f(r['decode_gbs'], w.get('decode_ms'))}")
+    lines += ["", "flashlib's speed against SDPA in the same run (SDPA time / flashlib time; > 1: faster)",
+              f"{'N':>6} {'against':<15} {'fwd':>8} {'bwd':>8} {'decode':>8}"]
+    lines += [f"{s['n']:>6} {s['baseline']:<15} {x(s['fwd'])} {x(s['bwd'])} {x(s['decode'])}"
+              for s in ratios(results)]
+    notes: dict = {}                  # (impl, reason) -> the measurements it applies to
+    for r in results["rows"]:
+        for key, why in r["why"].items():
+            notes.setdefault((r["impl"], why), dict.fromkeys(()))[key[:-3]] = None
+    if notes:
+        lines += ["", "why some times are missing:"]
+        lines += [f"  {impl} {', '.join(keys)}: {why}" for (impl, why), keys in notes.items()]
     return "\n".join(lines)
 
 
 def main(args) -> int:
-    """``python -m flashlib bench``: measure on the GPU, or say there is none and show the compile report.
+    """``python -m flashlib bench``: measure on the GPU (``--save FILE.json`` keeps the results), or
+    say there is none, save nothing, and show the compile report.
 
-    Explained in: notebooks/01_naive_attention.
-    Tested in: tests/tools/test_selfcheck.py.
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
     """
     import torch
     if not torch.cuda.is_available():
+        if args.save:
+            print(f"--save {args.save}: no CUDA GPU on this machine, so nothing was measured and nothing "
+                  "was written (flashlib never records a GPU number it did not measure). Run it on a GPU.",
+                  file=sys.stderr)
+            return 1
         print("No CUDA GPU on this machine: nothing to time (flashlib never prints a GPU number it did "
               "not measure). Run this in Colab or on a GPU machine.\n"
               "What the kernels compile to on each GPU instead (flashlib.tools.compile_report.compile_report):")
         from .compile_report import compile_report, summary
         print(summary(compile_report()))
         return 0
+    if args.save:                     # refuse before a long run, not after it
+        try:
+            if not pathlib.Path(args.save).resolve().parent.is_dir():
+                raise ValueError("its folder does not exist")
+            _check_environment(environment(), "this machine")
+        except ValueError as e:
+            print(f"--save {args.save}: {e}; nothing was run", file=sys.stderr)
+            return 2
     results = run(args.n, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
                   dtype=args.dtype, causal=args.causal)
     print(format_results(results))
+    if args.save:
+        save(results, args.save)
+        print(f"results saved to {args.save}")
     if args.out:
         plot(results, args.out)
         print(f"plot saved to {args.out}")
@@ -210,7 +577,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--kv-heads", type=int, default=None, help="GQA: fewer kv heads (default: heads)")
     parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float16")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--out", default="flashlib-bench.png", help="plot file ('' for none)")
-
+    parser.add_argument("--save", default=None, metavar="FILE.json",
+                        help=f"write every measurement and the environment to FILE.json (schema {SCHEMA}; "
+                             "GPU only)")

@@ -1,4 +1,5 @@
-"""flashlib.auto: routing SDPA calls to flashlib, falling back for the rest, restoring the original.
+"""flashlib.auto: routing SDPA calls to flashlib (decode-shaped ones to flashlib.decode), falling back
+for the rest, restoring the original.
 
 Tensors live on conftest's DEVICE: on a GPU machine routed calls run the compiled Triton kernels ("auto"
 on CUDA tensors), on a CPU machine the reference backend.
@@ -23,9 +24,9 @@ def _restore():
     assert F.scaled_dot_product_attention is ORIGINAL
 
 
-def _qkv(b, h, hkv, nq, nk, d, dtype=torch.float32, seed=0):
+def _qkv(b, h, hkv, nq, nk, d, dtype=torch.float32, seed=0, grad=True):
     g = torch.Generator().manual_seed(seed)
-    mk = lambda *s: torch.randn(*s, generator=g, dtype=dtype).to(DEVICE).requires_grad_()  # noqa: E731
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=dtype).to(DEVICE).requires_grad_(grad)  # noqa: E731
     return mk(b, h, nq, d), mk(b, hkv, nk, d), mk(b, hkv, nk, d)
 
 
@@ -122,3 +123,146 @@ def test_import_on_enables_in_one_line():
             "assert a.is_enabled() and F.scaled_dot_product_attention is not orig; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+
+# --------------------------------------------------------------------------------------------------
+# Decode-shaped calls (few queries, a long cache, no mask, no gradient) go to flashlib.decode.
+# --------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def decode_calls(monkeypatch):
+    """flashlib.decode, spied on: the list of the q shapes it was called with."""
+    import flashlib
+    calls, real = [], flashlib.decode
+
+    def spy(q, k_cache, v_cache, **kwargs):
+        calls.append(tuple(q.shape))
+        return real(q, k_cache, v_cache, **kwargs)
+    monkeypatch.setattr(flashlib, "decode", spy)
+    return calls
+
+
+def _routed(q, k, v, **kwargs):
+    """F.scaled_dot_product_attention(q, k, v, **kwargs) with auto enabled, and the change of stats."""
+    before = dict(auto.stats)
+    with auto.enabled():
+        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return out, {name: auto.stats[name] - before[name] for name in before}
+
+
+@pytest.mark.parametrize("b,h,hkv,nq,nk,d,gqa,scale", [
+    (2, 4, 4, 1, 40, 24, False, None),     # one token, MHA
+    (2, 4, 2, 3, 37, 24, True, 0.3),       # a few tokens (speculative), GQA
+    (1, 8, 1, 1, 9, 16, True, None),       # MQA
+    (1, 2, 2, 16, 64, 8, False, None),     # the edges: Nq = 16, Nk = 4 Nq
+])
+def test_decode_shaped_calls_go_to_decode_and_equal_sdpa(decode_calls, b, h, hkv, nq, nk, d, gqa, scale):
+    q, k, v = _qkv(b, h, hkv, nq, nk, d, grad=False)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)     # (B, H, Nq, d) strided as a HF model's query
+    want = ORIGINAL(q, k, v, scale=scale, enable_gqa=gqa)
+    assert auto.decode_shaped(q, k, v)
+    got, counted = _routed(q, k, v, scale=scale, enable_gqa=gqa)     # grad mode on, nothing needs grad
+    assert decode_calls == [(b, h, nq, d)]
+    assert counted == {"routed": 1, "decode": 1, "fallback": 0}
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+
+
+def test_inputs_that_require_grad_go_to_decode_only_under_no_grad(decode_calls):
+    q, k, v = _qkv(1, 4, 2, 1, 30, 16)                      # requires grad
+    want = ORIGINAL(q, k, v, enable_gqa=True)
+    got, counted = _routed(q, k, v, enable_gqa=True)         # grad enabled: attention, differentiable
+    assert decode_calls == [] and counted == {"routed": 1, "decode": 0, "fallback": 0}
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), q), torch.autograd.grad(want.sum(), q),
+                               atol=2e-5, rtol=1e-5)
+    with torch.no_grad():
+        got, counted = _routed(q, k, v, enable_gqa=True)
+    assert decode_calls == [(1, 4, 1, 16)] and counted["decode"] == 1
+    torch.testing.assert_close(got, want.detach(), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("nq,nk,causal", [
+    (1, 40, True),      # SDPA's top-left mask: the one query sees key 0 only, not the cache
+    (4, 40, True),
+    (17, 200, False),   # more than 16 queries: the forward's query blocks fill up
+    (2, 7, False),      # fewer than 4 keys per query: no cache to split
+])
+def test_calls_that_are_not_decode_shaped_go_to_attention(decode_calls, nq, nk, causal):
+    q, k, v = _qkv(1, 4, 2, nq, nk, 16, grad=False)
+    assert not auto.decode_shaped(q, k, v, is_causal=causal)
+    want = ORIGINAL(q, k, v, is_causal=causal, enable_gqa=True)
+    with torch.no_grad():
+        got, counted = _routed(q, k, v, is_causal=causal, enable_gqa=True)
+    assert decode_calls == [] and counted == {"routed": 1, "decode": 0, "fallback": 0}
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+
+
+def test_masked_calls_never_reach_decode(decode_calls):
+    q, k, v = _qkv(1, 2, 2, 1, 40, 16, grad=False)
+    mask = torch.ones(1, 40, dtype=torch.bool, device=DEVICE)
+    with torch.no_grad():
+        got, counted = _routed(q, k, v, attn_mask=mask)
+    assert decode_calls == [] and counted == {"routed": 0, "decode": 0, "fallback": 1}
+    torch.testing.assert_close(got, ORIGINAL(q, k, v, attn_mask=mask), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("nq", [1, 3])
+def test_top_left_causal_means_every_key_only_with_one_key(nq):
+    """Why decode_shaped refuses every causal call: top-left is_causal lets query 0 see key 0 only, so
+    it equals decode's "every key" exactly when Nk == 1, and one key is no cache."""
+    for nk in (1, 2, 40):
+        q, k, v = _qkv(1, 2, 2, nq, nk, 16, grad=False)
+        same = torch.allclose(ORIGINAL(q, k, v, is_causal=True), ORIGINAL(q, k, v), atol=1e-6)
+        assert same == (nk == 1), nk
+        assert not auto.decode_shaped(q, k, v, is_causal=True)
+
+
+def _hf_like_generate(weights, prompt, new_tokens, n_head, n_kv_head):
+    """Greedy generation as a Hugging Face model with attn_implementation="sdpa" runs it: the prompt in
+    one SDPA call per layer with is_causal=True (prefill), then one token per step, its one query per
+    head against the KV cache grown by torch.cat, with is_causal=False; GQA through enable_gqa.
+    ``weights``: token and position embeddings, then (Wq, Wk, Wv, Wo) per layer. Returns (B, T + new)."""
+    tok_emb, pos_emb, layers = weights
+    B, C = prompt.shape[0], tok_emb.shape[1]
+    d = C // n_head
+    cache = [None] * len(layers)
+    out, ids, start = [prompt], prompt, 0
+    for _ in range(new_tokens):
+        T = ids.shape[1]
+        x = tok_emb[ids] + pos_emb[start:start + T]                        # (B, T, C)
+        for i, (wq, wk, wv, wo) in enumerate(layers):
+            q = (x @ wq).view(B, T, n_head, d).transpose(1, 2)             # (B, H, T, d)
+            k = (x @ wk).view(B, T, n_kv_head, d).transpose(1, 2)          # (B, Hkv, T, d)
+            v = (x @ wv).view(B, T, n_kv_head, d).transpose(1, 2)
+            if cache[i] is not None:
+                k, v = torch.cat([cache[i][0], k], dim=2), torch.cat([cache[i][1], v], dim=2)
+            cache[i] = (k, v)                                              # (B, Hkv, start + T, d)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=n_head != n_kv_head)
+            x = x + a.transpose(1, 2).reshape(B, T, C) @ wo                # (B, T, C)
+        ids = (x[:, -1] @ tok_emb.T).argmax(-1, keepdim=True)              # (B, 1) greedy
+        out.append(ids)
+        start += T
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("n_head,n_kv_head", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
+def test_hf_like_generation_is_token_identical_and_decodes_token_by_token(decode_calls, n_head, n_kv_head):
+    """flashlib.models' GPT decodes from its KV cache with flashlib.decode itself, never through SDPA,
+    so this loop plays the Hugging Face model: it calls SDPA as HF's sdpa attention does."""
+    g = torch.Generator().manual_seed(0)
+    C, vocab, layers, prompt_len, new = 32, 50, 2, 7, 12
+    mk = lambda *s, std=C ** -0.5: (torch.randn(*s, generator=g) * std).to(DEVICE)   # noqa: E731
+    d = C // n_head
+    weights = (mk(vocab, C, std=1.0), mk(prompt_len + new, C, std=1.0),
+               [(mk(C, C), mk(C, n_kv_head * d), mk(C, n_kv_head * d), mk(C, C)) for _ in range(layers)])
+    prompt = torch.randint(vocab, (3, prompt_len), generator=g).to(DEVICE)
+    with torch.no_grad():
+        plain = _hf_like_generate(weights, prompt, new, n_head, n_kv_head)
+        before = dict(auto.stats)
+        with auto.enabled():
+            routed = _hf_like_generate(weights, prompt, new, n_head, n_kv_head)
+    assert torch.equal(routed, plain)
+    assert len(set(plain[:, prompt_len:].flatten().tolist())) > 1        # not one token repeated
+    assert decode_calls == [(3, n_head, 1, d)] * (layers * (new - 1))    # every step after the prefill
+    assert auto.stats["decode"] - before["decode"] == layers * (new - 1)
+    assert auto.stats["routed"] - before["routed"] == layers * new       # the prefill went to attention

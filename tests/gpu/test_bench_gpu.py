@@ -1,0 +1,79 @@
+"""GPU tier: ``python -m flashlib bench --save`` (flashlib/tools/bench.py) on a real GPU.
+
+A tiny bench runs from the command line, as a reader runs it, saving into pytest's tmp_path (never into
+benchmarks/: a committed result file is a deliberate act, see benchmarks/README.md). The file must name
+this GPU and these versions, and hold a positive time for flashlib and for every SDPA backend that takes
+the shape here (torch is asked directly, forced to that backend); a backend that does not take it must
+be null with torch's reason, never dropped.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import flashlib
+from flashlib.tools import bench
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NS, B, H, HKV, D = (256, 1000), 1, 4, 2, 64           # a length that is not a multiple of any block
+
+
+def _sdpa_takes(member: str) -> bool:
+    """Whether torch runs SDPA forced to backend ``member`` at the bench's shape on this GPU."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    if not hasattr(SDPBackend, member):
+        return False
+    q, k, v = (torch.randn(B, H, NS[0], D, device="cuda", dtype=torch.float16) for _ in range(3))
+    try:
+        with sdpa_kernel(getattr(SDPBackend, member)):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return True
+    except RuntimeError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bench")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["--n", *map(str, NS), "--batch", str(B), "--heads", str(H), "--kv-heads", str(HKV),
+            "--head-dim", str(D), "--causal", "--save", str(folder / "r.json"), "--out", str(folder / "r.png")]
+    r = subprocess.run([sys.executable, "-m", "flashlib", "bench", *args], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"results saved to {folder / 'r.json'}" in r.stdout and (folder / "r.png").stat().st_size > 10_000
+    return folder / "r.json"
+
+
+def test_the_file_names_this_gpu_these_versions_and_the_config(saved):
+    res = bench.load(saved)
+    env, props = res["environment"], torch.cuda.get_device_properties(0)
+    assert env["device"] == props.name and env["compute_capability"] == f"sm_{props.major}{props.minor}"
+    assert env["sm_count"] == props.multi_processor_count and env["cuda"] == torch.version.cuda
+    assert env["torch"] == torch.__version__ and env["flashlib"] == flashlib.__version__
+    import triton
+    assert env["triton"] == triton.__version__ and env["driver"]
+    assert env["commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}", env["commit"])
+    assert res["config"] == dict(ns=list(NS), batch=B, heads=H, kv_heads=HKV, head_dim=D, dtype="float16",
+                                 causal=True, timer=bench.DEFAULT_TIMER)
+
+
+def test_flashlib_and_every_sdpa_backend_that_takes_the_shape_have_positive_times(saved):
+    rows = {(r["n"], r["impl"]): r for r in bench.load(saved)["rows"]}
+    for n in NS:
+        mine = rows[(n, "flashlib")]
+        assert all(mine[t] > 0 for t in bench.TIMES), mine
+        for name, member in bench.SDPA_BACKENDS.items():
+            row = rows[(n, name)]
+            if _sdpa_takes(member):      # its backward may still refuse: then with torch's reason
+                assert row["fwd_ms"] > 0 and (row["bwd_ms"] or row["why"]["bwd_ms"]), row
+            else:
+                assert row["fwd_ms"] is None and row["why"]["fwd_ms"], row
+    speed = bench.ratios(bench.load(saved))
+    assert any(s["fwd"] is not None for s in speed), "no SDPA backend was timed on this GPU"
