@@ -9,7 +9,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.flashbook-installed
 
-.PHONY: book test test-lib test-notebooks test-browser test-gpu clean
+.PHONY: book test test-lib test-notebooks test-browser test-gpu set-repo clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ test-gpu:
 	$(GPU_PYTEST) tests/gpu
 	$(GPU_PYTEST) -m "not book" tests
 	$(PY) -m flashlib check
+
+# Publishing: make URL the book's repository (README: Publishing). Rewrites _config.yml, every chapter's
+# setup cell and the README; needs only Python and numpy (the venv's Python where there is one).
+set-repo:
+	@test -n "$(URL)" || { echo "usage: make set-repo URL=https://github.com/OWNER/REPO" >&2; exit 2; }
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m flashlib set-repo "$(URL)"
 
 clean:
 	rm -rf _build

@@ -2,7 +2,9 @@
 
 Commands live in :data:`COMMANDS` (name -> (help, add_arguments, run)); adding one is one entry:
 ``COMMANDS["info"] = ("print the environment", add_info_arguments, run_info)`` where
-``run(args) -> int`` is the exit code. Unknown commands or options print the usage (exit code 2).
+``run(args) -> int`` is the exit code. A bare ``python -m flashlib`` prints the help (exit code 0);
+``--version`` prints ``flashlib <version>``; unknown commands or options print the usage (exit code 2).
+Every option has a help string, and ``COMMAND --help`` shows each option's default.
 
 Explained in: notebooks/07_triton.
 """
@@ -43,7 +45,7 @@ def _run_bench(args) -> int:
 
 
 def _add_info_arguments(parser) -> None:
-    parser.add_argument("--json", action="store_true", help="print as JSON")
+    parser.add_argument("--json", action="store_true", help="print as JSON instead of a table")
 
 
 def _run_info(args) -> int:
@@ -66,6 +68,42 @@ def _run_check(args) -> int:
     return exit_code(rows)
 
 
+def _add_set_repo_arguments(parser) -> None:
+    parser.add_argument("url", help="the repository's address, https://github.com/OWNER/REPO")
+
+
+def _run_set_repo(args) -> int:
+    from .tools.publish import check, set_repo
+    try:
+        changed = set_repo(args.url)
+    except (ValueError, FileNotFoundError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"repository address set to {args.url}; changed: {', '.join(changed) or 'nothing (already set)'}")
+    problems = check()
+    print(*problems, sep="\n", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _add_check_repo_arguments(parser) -> None:
+    parser.add_argument("--expect", metavar="OWNER/REPO", default=None,
+                        help="the repository publishing the book: refuse the placeholder and any other address "
+                             "(default: only check that every use agrees with _config.yml)")
+    parser.add_argument("--branch", default=None,
+                        help="its default branch, which the Colab links must open (default: not checked)")
+
+
+def _run_check_repo(args) -> int:
+    from .tools.publish import check, colab_links, repo_url
+    problems = check(expect=args.expect, branch=args.branch)
+    if problems:
+        print("The book cannot be published as it is:", *problems, sep="\n  ", file=sys.stderr)
+        return 1
+    print(f"repository: {repo_url()}; every chapter's setup cell, the README and the intro agree. Colab links:")
+    print(*colab_links().values(), sep="\n")
+    return 0
+
+
 COMMANDS = {
     "info": ("versions, the device, and which backends can run here (and why not)",
              _add_info_arguments, _run_info),
@@ -76,21 +114,43 @@ COMMANDS = {
               _add_bench_arguments, _run_bench),
     "compile-report": ("compile every kernel for sm_75..sm_90 and print registers/spills/smem/tensor cores",
                        _add_report_arguments, _run_report),
+    "set-repo": ("make URL the book's repository: rewrite _config.yml, every chapter's setup cell and the README",
+                 _add_set_repo_arguments, _run_set_repo),
+    "check-repo": ("check that the Colab links, setup cells and README agree with _config.yml's repository",
+                   _add_check_repo_arguments, _run_check_repo),
 }
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: ...)`` to each option's help, unless the help already says its default in
+    words; an option whose default is None must (``(default: None)`` would tell the reader nothing)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m flashlib", description="flashlib's command line")
-    sub = parser.add_subparsers(dest="command", metavar="command", required=True)
+    from . import __version__
+    parser = argparse.ArgumentParser(prog="python -m flashlib", description="flashlib's command line",
+                                     epilog="`python -m flashlib COMMAND --help` shows a command's options")
+    parser.add_argument("--version", action="version", version=f"flashlib {__version__}",
+                        help="print flashlib's version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="command", title="commands")
     for name, (help_text, add_arguments, run) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)
         add_arguments(p)
         p.set_defaults(run=run)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:            # a bare `python -m flashlib`: the help, not an error
+        parser.print_help()
+        return 0
     return args.run(args)
 
 

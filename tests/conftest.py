@@ -63,3 +63,13 @@ def require_module(name: str) -> None:
     """Skip/fail via :func:`require` unless Python module ``name`` is installed. It is found, not
     imported: importing triton here would fix its interpreter/compiler mode for the whole worker."""
     require(importlib.util.find_spec(name) is not None, f"Python module {name!r} is not installed")
+
+
+def run_cli(*args, timeout: int = 900):
+    """``python -m flashlib *args`` in a fresh interpreter from the repository root, without
+    TRITON_INTERPRET (the command chooses Triton's mode itself, as on a reader's machine)."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-m", "flashlib", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=timeout)

@@ -1,8 +1,10 @@
 """The built book in a real browser: every chapter page opened in headless Chromium.
 
 Fails on a page that shows an error output (a traceback or text on stderr), an image that did not
-load, or an internal link whose target page or anchor does not exist. Keeps screenshots of two pages in
-``_build/screenshots``. Runs after ``jupyter-book build`` (``make test`` orders it so).
+load, an internal link whose target page or anchor does not exist, or math that MathJax did not typeset
+(the book ships its own MathJax: the browser runs with every host name unresolvable, so nothing comes
+from a network). Keeps screenshots of two pages in ``_build/screenshots``. Runs after
+``jupyter-book build`` (``make test`` orders it so).
 """
 import pathlib
 import shutil
@@ -46,7 +48,8 @@ def browser():
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,1600", "--allow-file-access-from-files"):
+                "--window-size=1280,1600", "--allow-file-access-from-files",
+                "--host-resolver-rules=MAP * ~NOTFOUND"):      # no network: the book must not need one
         opts.add_argument(arg)
     drv = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
     drv.set_page_load_timeout(60)
@@ -99,3 +102,41 @@ def test_screenshots_are_kept(browser, page):
     out = SHOTS / (page.replace("/", "_") + ".png")
     assert browser.save_screenshot(str(out))
     assert out.stat().st_size > 10_000      # a real rendering, not a blank page
+
+
+# Raw TeX that would show if MathJax did not run: display environments, $$ and \( \[ delimiters.
+RAW_TEX = ("\\begin{", "$$", "\\(", "\\[")
+
+
+@pytest.mark.parametrize("page", ["book/notation", "notebooks/03_flashattention1",
+                                  "notebooks/04_flashattention2"])
+def test_math_is_typeset_by_the_books_own_mathjax(browser, page):
+    browser.get((HTML / f"{page}.html").as_uri())
+    browser.set_script_timeout(60)
+    typeset = browser.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        if (!window.MathJax || !MathJax.startup || !MathJax.startup.promise) { done('MathJax did not load'); }
+        else { MathJax.startup.promise.then(() => done('ok'), e => done('MathJax failed: ' + e)); }""")
+    assert typeset == "ok", f"{page}: {typeset}"
+    sources = browser.execute_script("""
+        return Array.from(document.scripts).map(s => s.src).filter(s => /mathjax/i.test(s));""")
+    assert sources, f"{page}: no MathJax script"
+    for src in sources:
+        url = urllib.parse.urlparse(src)
+        assert url.scheme == "file" and pathlib.Path(urllib.parse.unquote(url.path)).is_file(), \
+            f"{page}: MathJax is loaded from {src}, not from a file inside the built book"
+    counts = browser.execute_script("""
+        const math = Array.from(document.querySelectorAll('.math'));
+        return [math.length, math.filter(m => !m.querySelector('mjx-container')).length,
+                document.querySelectorAll('mjx-container').length,
+                document.querySelectorAll('mjx-merror').length];""")
+    n_math, untypeset, containers, errors = counts
+    assert n_math and containers >= n_math, f"{page}: {n_math} formulas, {containers} typeset"
+    assert untypeset == 0, f"{page}: {untypeset} of {n_math} formulas were not typeset"
+    assert errors == 0, f"{page}: {errors} formulas show a TeX error"
+    text = browser.execute_script("""
+        const body = document.body.cloneNode(true);         // the prose as read: no code, no typeset math
+        body.querySelectorAll('pre, code, script, style, mjx-container').forEach(e => e.remove());
+        return body.innerText;""")
+    raw = {d: text[max(0, text.index(d) - 60):text.index(d) + 60] for d in RAW_TEX if d in text}
+    assert not raw, f"{page}: raw TeX left in the text: {raw}"

@@ -572,14 +572,16 @@ def main(args) -> int:
 
 def add_arguments(parser) -> None:
     """The ``bench`` subcommand's options."""
-    parser.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_NS), help="sequence lengths")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--kv-heads", type=int, default=None, help="GQA: fewer kv heads (default: heads)")
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float16")
-    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_NS), metavar="N",
+                        help="sequence lengths to time (decode: the KV cache's length)")
+    parser.add_argument("--batch", type=int, default=4, help="batch size B")
+    parser.add_argument("--heads", type=int, default=16, help="query heads H")
+    parser.add_argument("--kv-heads", type=int, default=None,
+                        help="key/value heads Hkv, fewer for GQA (must divide --heads; default: --heads)")
+    parser.add_argument("--head-dim", type=int, default=128, help="head dimension d")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float16", help="element type of q, k, v")
+    parser.add_argument("--causal", action="store_true", help="time causal attention (bottom-right aligned)")
     parser.add_argument("--out", default="flashlib-bench.png", help="plot file ('' for none)")
     parser.add_argument("--save", default=None, metavar="FILE.json",
                         help=f"write every measurement and the environment to FILE.json (schema {SCHEMA}; "
-                             "GPU only)")
+                             "GPU only; default: nothing is saved)")

@@ -1,4 +1,4 @@
-"""Tests of flashlib/tools/bench.py and flashlib/__main__.py (the command line).
+"""Tests of flashlib/tools/bench.py and its command (the parser itself: tests/test_main.py).
 
 No GPU number is made here. The result files these tests write are synthetic (their device is called
 SYNTHETIC, their times are round numbers) and live only in pytest's tmp_path, never under benchmarks/;
@@ -6,18 +6,15 @@ the only timings are toy-size CPU runs of the plumbing, which are never saved or
 """
 from __future__ import annotations
 
-import copy
 import json
-import os
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
 
 import flashlib
-from conftest import DEVICE, ROOT
+from conftest import DEVICE, ROOT, run_cli
 from flashlib.tools import bench
 from flashlib.__main__ import COMMANDS, build_parser, main as cli_main
 from flashlib.tools.measure import best_time
@@ -101,26 +98,14 @@ def test_run_and_plot_plumbing(tmp_path):
         assert bench.load(bench.save(res, saved))["rows"] == res["rows"]
 
 
-def _cli(*args):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-m", "flashlib", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=900)
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine prints")
 def test_bench_without_gpu_says_so_and_prints_the_compile_summary():
     from conftest import require_tool
     require_tool("ptxas")
-    r = _cli("bench")
+    r = run_cli("bench")
     assert r.returncode == 0, r.stderr
     assert "No CUDA GPU" in r.stdout and "TFLOP" not in r.stdout
     assert "sm_80 (smem limit 163 KB)" in r.stdout and "fa2_fwd" in r.stdout
-
-
-@pytest.mark.parametrize("args", [("bogus",), ("bench", "--frob"), ()])
-def test_unknown_arguments_print_usage(args):
-    r = _cli(*args)
-    assert r.returncode == 2 and "usage: python -m flashlib" in r.stderr
 
 
 def test_commands_are_a_registry():

@@ -1,16 +1,10 @@
-"""The command line: info, check, and usage on unknown arguments."""
-import subprocess
-import sys
+"""info and check (flashlib/tools/selfcheck.py), and their commands end to end; the parser itself:
+tests/test_main.py."""
 
 import pytest
 
+from conftest import run_cli
 from flashlib.tools import selfcheck
-from flashlib.__main__ import main
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "flashlib", *args], capture_output=True, text=True,
-                          timeout=600)
 
 
 def test_info_lists_versions_device_and_backends():
@@ -103,16 +97,8 @@ def test_determinism_row_catches_a_backward_that_changes_between_calls(monkeypat
 
 
 def test_cli_check_and_info_end_to_end():
-    out = _cli("check", "--backend", "triton")
+    out = run_cli("check", "--backend", "triton")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "passed, 0 failed, 0 errors" in out.stdout.strip().splitlines()[-1]
     assert "triton" in out.stdout
-    assert _cli("info").returncode == 0
-
-
-def test_unknown_arguments_print_usage():
-    with pytest.raises(SystemExit) as e:
-        main(["check", "--bogus"])
-    assert e.value.code == 2
-    out = _cli("frobnicate")
-    assert out.returncode == 2 and "usage:" in out.stderr
+    assert run_cli("info").returncode == 0

@@ -1,0 +1,198 @@
+"""Where the book is published: the repository's address, set in one place and used everywhere.
+
+The address is ``repository: url:`` in ``_config.yml``. Jupyter Book builds every chapter's Colab link
+from it (``colab.research.google.com/github/OWNER/REPO/blob/BRANCH/notebooks/NN_name.ipynb``, see
+:func:`colab_links`) and the repository button; each chapter's first code cell (:func:`setup_cell`)
+installs flashlib from it in Colab; the README names it. ``python -m flashlib set-repo URL``
+(``make set-repo URL=...``, :func:`set_repo`) rewrites every one of those uses; :func:`check` lists
+what disagrees. Until a publisher sets it, the address is :data:`PLACEHOLDER`, whose owner ``OWNER``
+marks it as not yet real: the publishing workflow refuses it, and refuses an address that is not the
+repository it runs in. Standard library only: it runs before anything else is installed.
+
+Explained in: book/intro.
+Tested in: tests/tools/test_publish.py.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+__all__ = ["PLACEHOLDER", "setup_cell", "colab_links", "check", "set_repo"]   # and validate_url, repo_url
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]      # a checkout: _config.yml, notebooks/, README.md
+PLACEHOLDER = "https://github.com/OWNER/flashbook"       # the address until `make set-repo URL=...`
+COLAB = "https://colab.research.google.com"
+
+# GitHub's rules: an owner is 1-39 letters, digits and single inner hyphens; a repository name is
+# letters, digits, '.', '-', '_' (not '.' or '..'; a trailing '.git' is a clone URL, not the address).
+_URL = re.compile(r"https://github\.com/(?P<owner>[A-Za-z0-9](?:-?[A-Za-z0-9]){0,38})/(?P<repo>[A-Za-z0-9._-]{1,100})")
+# The address's uses in prose, whatever address they hold now: install specs, clones and Colab links.
+_USE = re.compile(r"(?P<pre>git\+|git clone |colab\.research\.google\.com/)(?P<url>(?:https://)?github\.com/|github/)"
+                  r"(?P<owner>[\w.-]+)/(?P<repo>[\w.-]+?)(?=\.git\b|[/\s\"'`)@]|$)")
+_CONFIG_URL = re.compile(r"^(repository:\s*\n(?:[ \t]+.*\n|\s*\n)*?[ \t]+url:[ \t]*)(\S+)", re.M)
+_TEXTS = ("README.md", "book/intro.md")        # prose that names the address
+
+
+def validate_url(url) -> tuple[str, str]:
+    """``(owner, repo)`` of a repository address ``https://github.com/OWNER/REPO``; a TypeError or a
+    ValueError naming what came otherwise (no trailing slash or ``.git``, no other host or path).
+
+    Explained in: book/intro.
+    Tested in: tests/tools/test_publish.py.
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str like 'https://github.com/OWNER/REPO', got {type(url).__name__}")
+    m = _URL.fullmatch(url)
+    if m is None or m["repo"] in (".", "..") or m["repo"].endswith(".git"):
+        raise ValueError(f"url must be a GitHub repository address https://github.com/OWNER/REPO (https, no "
+                         f"trailing '/' or '.git', nothing after REPO), got {url!r}")
+    return m["owner"], m["repo"]
+
+
+def _config(root) -> str:
+    path = pathlib.Path(root) / "_config.yml"
+    if not path.is_file():
+        raise FileNotFoundError(f"no _config.yml in {path.parent}: the repository's address lives in a checkout "
+                                f"of the book (an installed flashlib has none)")
+    return path.read_text()
+
+
+def _config_value(text: str, key: str, default: str) -> str:
+    """``repository: <key>:`` of _config.yml (a line scan: PyYAML may not be installed yet)."""
+    m = re.search(rf"^repository:\s*\n(?:[ \t]+.*\n|\s*\n)*?[ \t]+{key}:[ \t]*(\S*)", text, re.M)
+    return m[1].strip("\"'") if m else default
+
+
+def repo_url(root=ROOT) -> str:
+    """The repository's address: ``repository: url:`` in ``root/_config.yml``.
+
+    Explained in: book/intro.
+    Tested in: tests/tools/test_publish.py.
+    """
+    return _config_value(_config(root), "url", "")
+
+
+def setup_cell(url: str) -> str:
+    """The source of every chapter's first code cell for repository ``url``: flashlib from the checkout
+    the notebook sits in, else the installed one, else ``pip install`` from ``url`` (Colab).
+
+    Explained in: book/intro.
+    Tested in: tests/tools/test_publish.py.
+    """
+    validate_url(url)
+    return f'''\
+# Setup: flashlib from this checkout, else the installed one, else install it from the repository (Colab).
+import importlib.util, pathlib, subprocess, sys
+root = pathlib.Path.cwd().resolve().parent            # a local checkout: notebooks/ sits beside flashlib/
+if (root / "flashlib" / "__init__.py").is_file():
+    sys.path.insert(0, str(root))
+elif importlib.util.find_spec("flashlib") is None:
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q",
+                           "flashlib @ git+{url}"])
+    importlib.invalidate_caches()                     # let this running kernel see the new package
+import flashlib'''
+
+
+def _chapters(root) -> list[str]:
+    """The notebooks named in ``root/_toc.yml`` (``file:`` lines), as paths relative to ``root``."""
+    files = re.findall(r"^\s*(?:-\s*)?(?:root|file):\s*(\S+)\s*$", (pathlib.Path(root) / "_toc.yml").read_text(), re.M)
+    return [f + ".ipynb" for f in files if (pathlib.Path(root) / (f + ".ipynb")).is_file()]
+
+
+def colab_links(root=ROOT) -> dict[str, str]:
+    """``{notebook path: Colab link}`` for every chapter of ``_toc.yml``, built as Jupyter Book builds
+    its launch buttons: ``colab_url/github/OWNER/REPO/blob/BRANCH/path_to_book/PATH``.
+
+    Explained in: book/intro.
+    Tested in: tests/tools/test_publish.py.
+    """
+    text = _config(root)
+    owner, repo = validate_url(repo_url(root))
+    branch = _config_value(text, "branch", "master")           # sphinx-book-theme's default
+    book = _config_value(text, "path_to_book", "").strip("/")
+    prefix = f"{COLAB}/github/{owner}/{repo}/blob/{branch}/" + (book + "/" if book else "")
+    return {path: prefix + path for path in _chapters(root)}
+
+
+def _notebooks(root):
+    return sorted((pathlib.Path(root) / "notebooks").glob("*.ipynb"))
+
+
+def _first_code_cell(nb: dict) -> dict:
+    return next(c for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def check(root=ROOT, *, expect: str | None = None, branch: str | None = None) -> list[str]:
+    """Every way the uses of the address disagree with ``_config.yml`` (empty: they agree): a malformed
+    address, a chapter whose first code cell is not :func:`setup_cell`, an install, clone or Colab link
+    in the README or the intro naming another repository. ``expect="OWNER/REPO"`` (the repository
+    publishing the book) also refuses :data:`PLACEHOLDER` and any other repository; ``branch`` (its
+    default branch) must be ``repository: branch:``, the branch the Colab links open.
+
+    Explained in: book/intro.
+    Tested in: tests/tools/test_publish.py.
+    """
+    root = pathlib.Path(root)
+    url = repo_url(root)
+    try:
+        owner, repo = validate_url(url)
+    except ValueError as e:
+        return [f"_config.yml repository.url: {e}"]
+    problems = []
+    if expect is not None:
+        if url == PLACEHOLDER:
+            problems.append(f"_config.yml repository.url is still the placeholder {PLACEHOLDER}: run "
+                            f"`make set-repo URL=https://github.com/{expect}` and commit (README: Publishing)")
+        elif f"{owner}/{repo}".lower() != expect.lower():
+            problems.append(f"_config.yml repository.url is {url}, but this is {expect}: run "
+                            f"`make set-repo URL=https://github.com/{expect}` and commit (README: Publishing)")
+    configured = _config_value(_config(root), "branch", "master")
+    if branch is not None and branch != configured:
+        problems.append(f"_config.yml repository.branch is {configured!r}, but the default branch is {branch!r}: "
+                        f"the Colab links would open a branch that is not published")
+    want = setup_cell(url)
+    for path in _notebooks(root):
+        if "".join(_first_code_cell(json.loads(path.read_text()))["source"]) != want:
+            problems.append(f"{path.relative_to(root)}: the first code cell is not the setup cell for {url} "
+                            f"(run `make set-repo URL={url}`)")
+    for name in _TEXTS:
+        for m in _USE.finditer((root / name).read_text()):
+            if (m["owner"], m["repo"]) != (owner, repo):
+                problems.append(f"{name}: {m[0]!r} names {m['owner']}/{m['repo']}, not {owner}/{repo}")
+    return problems
+
+
+def set_repo(url: str, root=ROOT) -> list[str]:
+    """Make ``url`` the repository's address: rewrite ``_config.yml``'s ``repository: url:``, every
+    chapter's setup cell (its source only; outputs and the rest of the notebook are kept) and every
+    install, clone and Colab link in the README and the intro. Returns the files it changed.
+
+    Explained in: book/intro.
+    Tested in: tests/tools/test_publish.py.
+    """
+    owner, repo = validate_url(url)
+    root = pathlib.Path(root)
+    changed = []
+
+    def write(path: pathlib.Path, old: str, new: str) -> None:
+        if new != old:
+            path.write_text(new)
+            changed.append(str(path.relative_to(root)))
+
+    config = root / "_config.yml"
+    text = config.read_text()
+    if not _CONFIG_URL.search(text):
+        raise ValueError(f"{config}: no 'repository:' section with a 'url:' line to rewrite")
+    write(config, text, _CONFIG_URL.sub(lambda m: m[1] + url, text, count=1))
+    source = setup_cell(url).splitlines(keepends=True)
+    for path in _notebooks(root):
+        text = path.read_text()
+        nb = json.loads(text)
+        _first_code_cell(nb)["source"] = source
+        write(path, text, json.dumps(nb, indent=1, ensure_ascii=False) + "\n")     # as nbformat writes
+    for name in _TEXTS:
+        path = root / name
+        text = path.read_text()
+        write(path, text, _USE.sub(lambda m: f"{m['pre']}{m['url']}{owner}/{repo}", text))
+    return changed
