@@ -140,3 +140,14 @@ def test_math_is_typeset_by_the_books_own_mathjax(browser, page):
         return body.innerText;""")
     raw = {d: text[max(0, text.index(d) - 60):text.index(d) + 60] for d in RAW_TEX if d in text}
     assert not raw, f"{page}: raw TeX left in the text: {raw}"
+
+
+@pytest.mark.parametrize("page", ["notebooks/03_flashattention1", "notebooks/07_triton", "notebooks/08_cuda"])
+def test_shown_code_and_outputs_fit_the_page(browser, page):
+    """No code cell or output needs a horizontal scroll bar: long lines wrap (book/_static/flashbook.css)."""
+    browser.get((HTML / f"{page}.html").as_uri())
+    wide = browser.execute_script("""
+        return Array.from(document.querySelectorAll('div.cell pre, div.output pre'))
+            .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+            .map(e => e.textContent.slice(0, 80));""")
+    assert not wide, f"{page}: {len(wide)} blocks overflow the page, e.g. {wide[:3]}"
