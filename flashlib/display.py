@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 
-__all__ = ["show"]
+__all__ = ["show", "crisp_figures"]
 
 
 def show(obj):
@@ -24,3 +24,24 @@ def show(obj):
     except ImportError:  # pragma: no cover - IPython ships with every notebook environment
         return src
     return Code(src, language="python")
+
+
+def crisp_figures(fmt: str = "retina") -> bool:
+    """Draw this notebook's matplotlib figures at twice the resolution ("retina") or as vectors ("svg").
+
+    Every chapter's setup cell calls it. Returns False, changing nothing, outside IPython (a plain script).
+
+    Explained in: notebooks/01_naive_attention.
+    Tested in: tests/test_display.py.
+    """
+    if fmt not in ("retina", "svg", "png"):
+        raise ValueError(f"fmt must be 'retina', 'svg' or 'png', got {fmt!r}")
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython ships with every notebook environment
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    shell.run_line_magic("config", f"InlineBackend.figure_formats = [{fmt!r}]")
+    return True

@@ -151,3 +151,27 @@ def test_shown_code_and_outputs_fit_the_page(browser, page):
             .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
             .map(e => e.textContent.slice(0, 80));""")
     assert not wide, f"{page}: {len(wide)} blocks overflow the page, e.g. {wide[:3]}"
+
+
+@pytest.mark.parametrize("page", [f"notebooks/{p.stem}" for p in sorted((ROOT / "notebooks").glob("0[1-7]_*.ipynb"))])
+def test_puzzle_solutions_are_hidden_until_asked_for(browser, page):
+    """Each ladder chapter and the Triton chapter end with puzzles whose solutions sit in closed dropdowns
+    (cells tagged hide-cell); a click opens one. Also the page opens with its chapter number and its
+    "Before you start" box rendered as an admonition, not as raw ::: text."""
+    browser.get((HTML / f"{page}.html").as_uri())
+    title = browser.execute_script("return document.querySelector('h1').innerText;")
+    assert title.startswith(f"{int(page.split('/')[1][:2])}. "), f"{page}: title {title!r}"
+    boxes = browser.execute_script("""
+        return Array.from(document.querySelectorAll('.admonition')).map(a => a.innerText.slice(0, 40));""")
+    assert any(b.startswith("Before you start") for b in boxes), f"{page}: admonitions {boxes}"
+    assert ":::" not in browser.execute_script("return document.body.innerText;"), f"{page}: raw ::: shown"
+    hidden = browser.execute_script("""
+        return Array.from(document.querySelectorAll('div.cell.tag_hide-cell details'))
+            .map(d => [d.open, d.innerText.length]);""")
+    assert len(hidden) >= 2, f"{page}: {len(hidden)} hidden solutions (expected one per puzzle, at least 2)"
+    assert not any(is_open for is_open, _ in hidden), f"{page}: a solution is open on load"
+    opened = browser.execute_script("""
+        const d = document.querySelector('div.cell.tag_hide-cell details');
+        d.querySelector('summary').click();
+        return [d.open, d.querySelector('pre') !== null && d.querySelector('pre').offsetParent !== null];""")
+    assert opened == [True, True], f"{page}: clicking the first solution's summary did not show its code"

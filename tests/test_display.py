@@ -10,3 +10,21 @@ def test_show_returns_the_library_source():
     assert "def forward(" in src and "line 12" in src
     with pytest.raises(TypeError, match="obj must be a function"):
         flashlib.show(3)
+
+
+def test_crisp_figures_sets_the_inline_format_in_ipython_only(monkeypatch):
+    import IPython
+
+    class Shell:
+        calls = []
+
+        def run_line_magic(self, name, line):
+            self.calls.append((name, line))
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)
+    assert flashlib.display.crisp_figures() is False          # a plain script: nothing to configure
+    monkeypatch.setattr(IPython, "get_ipython", lambda: Shell())
+    assert flashlib.display.crisp_figures("svg") is True
+    assert Shell.calls == [("config", "InlineBackend.figure_formats = ['svg']")]
+    with pytest.raises(ValueError, match="fmt must be 'retina', 'svg' or 'png', got 'jpeg'"):
+        flashlib.display.crisp_figures("jpeg")

@@ -91,7 +91,8 @@ elif importlib.util.find_spec("flashlib") is None:
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q",
                            "flashlib @ git+{url}"])
     importlib.invalidate_caches()                     # let this running kernel see the new package
-import flashlib'''
+import flashlib
+flashlib.display.crisp_figures()                      # figures at twice the resolution: sharp on any screen'''
 
 
 def _chapters(root) -> list[str]:

@@ -1,0 +1,78 @@
+"""The chapters are numbered as the prose refers to them, and each opens the same way.
+
+The book's prose says "chapter 4"; the page title must then read "4. FlashAttention-2" (the number is the
+notebook's file prefix, and the table of contents lists the chapters in that order). Each chapter's opening
+cell ends with a "Before you start" box naming its prerequisites and its notation, and every "chapter N" in
+the book points at a chapter that exists.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+_MENTION = re.compile(r"\b[Cc]hapters? (\d+)(?:(?:–| to | and |, )(\d+))*")
+
+
+def _markdown(path):
+    nb = json.loads(path.read_text())
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+
+
+def _mentions(text):
+    """Every chapter number in phrases like "chapter 4", "chapters 4 and 5", "chapters 4 to 6"."""
+    found = []
+    for m in _MENTION.finditer(text):
+        found += [int(x) for x in re.findall(r"\d+", m.group(0))]
+    return found
+
+
+def test_mentions_parser():
+    assert _mentions("see chapter 4, then chapters 5 and 6; chapters 7 to 9. Chapter 10") == [4, 5, 6, 7, 9, 10]
+    assert _mentions("no reference here, a 4-chapter book") == []
+
+
+def test_chapters_are_numbered_one_to_ten_in_toc_order():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    listed = [c["file"] for part in toc["parts"] for c in part["chapters"] if c["file"].startswith("notebooks/")]
+    assert listed == [f"notebooks/{p.stem}" for p in CHAPTERS]
+    assert [int(p.name[:2]) for p in CHAPTERS] == list(range(1, len(CHAPTERS) + 1))
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_title_carries_the_chapter_number(path):
+    title = _markdown(path)[0].splitlines()[0]
+    assert re.match(rf"# {int(path.name[:2])}\. \S", title), f"{path.name}: title {title!r} lacks its number"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_opening_box_names_prerequisites_and_notation(path):
+    opening = _markdown(path)[0]
+    box = opening[opening.find(":::{admonition} Before you start"):]
+    assert box.startswith(":::{admonition} Before you start"), f"{path.name}: no 'Before you start' box"
+    assert "**Prerequisites:**" in box and "**Notation:**" in box
+    assert "{doc}`../book/notation`" in box and box.rstrip().endswith(":::")
+    earlier = [n for n in _mentions(box.split("**Notation:**")[0]) if n >= int(path.name[:2])]
+    assert not earlier, f"{path.name}: a prerequisite names a later chapter {earlier}"
+
+
+def test_every_chapter_mention_points_at_a_chapter():
+    texts = {p.name: "\n".join(_markdown(p)) for p in CHAPTERS}
+    texts.update({p.name: p.read_text() for p in (ROOT / "book").glob("*.md")})
+    texts["README.md"] = (ROOT / "README.md").read_text()
+    bad = {name: n for name, text in texts.items() for n in _mentions(text) if not 1 <= n <= len(CHAPTERS)}
+    assert not bad, f"chapter numbers that do not exist: {bad}"
+
+
+def test_admonitions_are_closed():
+    """A `:::{admonition}` left open swallows the rest of the page; count openers and closers per cell."""
+    for path in CHAPTERS:
+        for cell in _markdown(path):
+            opened = len(re.findall(r"^:::\{", cell, re.M))
+            closed = len(re.findall(r"^:::\s*$", cell, re.M))
+            assert opened == closed, f"{path.name}: {opened} admonitions opened, {closed} closed in {cell[:60]!r}"
