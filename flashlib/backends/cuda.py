@@ -1,6 +1,7 @@
 """The "cuda" backend: :mod:`flashlib.kernels.cuda`'s CUDA C++ (NVRTC on a GPU, the emulator on a CPU).
 
-Kernel v1 (scalar) takes float32, v2 (WMMA tensor cores) float16/bfloat16; they size their own tiles.
+Kernel v1 (scalar) takes float32, v3 (mma.sync tensor cores, S/P/O in registers) float16/bfloat16 —
+v2 (WMMA) on GPUs before sm_75 (:func:`flashlib.kernels.cuda.pick_version`); they size their own tiles.
 There is no CUDA backward kernel: the backward is the "triton" backend's on a GPU and the "reference"
 backend's (NumPy FA2) on a CPU, from the same saved LSE.
 
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 from . import reference, triton
 
-DESCRIPTION = "flashlib/kernels/cuda/csrc CUDA C++ kernels (NVRTC on a GPU, the emulator on CPU)"
+DESCRIPTION = ("flashlib/kernels/cuda/csrc CUDA C++ kernels (NVRTC on a GPU, the emulator on CPU): forward "
+               "v1 for float32, v3 mma.sync for float16/bfloat16 (v2 WMMA before sm_75)")
 
 
 def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
-    """Backend.forward: :func:`flashlib.kernels.cuda.forward` (v1 for float32, v2 for 16-bit).
+    """Backend.forward: :func:`flashlib.kernels.cuda.forward` (v1 for float32, v3 for 16-bit).
     Explained in: notebooks/08_cuda."""
     from ..kernels import cuda
     if blocks != (None, None):
@@ -48,7 +50,7 @@ def check(q, op):
 
     from ..tools import toolchain
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(f"backend='cuda' takes float32 (kernel v1) or float16/bfloat16 (kernel v2), "
+        raise TypeError(f"backend='cuda' takes float32 (kernel v1) or float16/bfloat16 (kernel v3), "
                         f"got {q.dtype}")
     if q.device.type == "cpu":
         if toolchain.find_tool("g++") is None:

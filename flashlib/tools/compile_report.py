@@ -20,7 +20,8 @@ on a CPU and JIT-compiled by triton 3.6 on an H100 differed by up to 2x (the for
 that GPU really compiled, with the same Triton.
 
 Other backends add rows by appending a producer ``f(archs) -> list[dict]`` to :data:`ROW_PRODUCERS`
-(e.g. ``backend="cuda"`` rows from nvcc ``--resource-usage``); each row has the keys of :data:`KEYS`.
+(e.g. ``backend="cuda"`` rows from nvcc ``--resource-usage``, which name the kernel version — v1, v2,
+v3 — and add ``ldsm_instructions``/``ldgsts_instructions``); each row has the keys of :data:`KEYS`.
 
 Explained in: notebooks/07_triton.
 """
@@ -307,18 +308,20 @@ def sass_excerpt(kernel: str = "fa2_fwd", arch: str = "sm_80") -> str:
 
 
 def format_report(rows) -> str:
-    """The rows as a fixed-width table, after a line naming the compilers (:func:`compilers`).
+    """The rows as a fixed-width table, after a line naming the compilers (:func:`compilers`); the
+    CUDA C++ rows also show their ldmatrix (LDSM) and cp.async (LDGSTS) counts.
 
     Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_compile_report.py.
     """
-    cols = [("backend", 7), ("kernel", 18), ("arch", 5), ("config", 30), ("ok", 5), ("registers", 4),
-            ("spill_bytes", 6), ("shared_bytes", 7), ("mma_instructions", 5), ("tensor_cores", 5)]
+    cols = [("backend", 7), ("kernel", 20), ("arch", 5), ("config", 30), ("ok", 5), ("registers", 4),
+            ("spill_bytes", 6), ("shared_bytes", 7), ("mma_instructions", 5), ("ldsm_instructions", 4),
+            ("ldgsts_instructions", 6), ("tensor_cores", 5)]
     heads = {"registers": "regs", "spill_bytes": "spill", "shared_bytes": "smem", "mma_instructions": "mma",
-             "tensor_cores": "TC"}
+             "ldsm_instructions": "ldsm", "ldgsts_instructions": "ldgsts", "tensor_cores": "TC"}
     out = [compilers(rows), "  ".join(f"{heads.get(c, c):<{w}}" for c, w in cols)]
-    for r in rows:
-        out.append("  ".join(f"{str(r.get(c)):<{w}}" for c, w in cols))
+    for r in rows:                                  # ldsm/ldgsts: counted for the CUDA C++ rows only
+        out.append("  ".join(f"{str(r.get(c, '-')):<{w}}" for c, w in cols))
     return "\n".join(out)
 
 

@@ -282,8 +282,9 @@ def parse_ptxas(log: str) -> dict[str, dict]:
     return out
 
 
-def count_mma(sass: str) -> dict[str, int]:
-    """Tensor-core instructions (:data:`MMA_OPCODES`) per function of ``cuobjdump -sass`` output.
+def count_mma(sass: str, pattern: re.Pattern = MMA_RE) -> dict[str, int]:
+    """Tensor-core instructions (:data:`MMA_OPCODES`) per function of ``cuobjdump -sass`` output — or
+    the instructions ``pattern`` matches (e.g. ``re.compile(r"\bLDSM\b")``).
 
     Explained in: notebooks/08_cuda.
     
@@ -296,6 +297,6 @@ def count_mma(sass: str) -> dict[str, int]:
         if m:
             current = m.group(1)
             counts[current] = 0
-        elif current is not None and MMA_RE.search(line):
+        elif current is not None and pattern.search(line):
             counts[current] += 1
     return counts

@@ -3,8 +3,9 @@ NVRTC cannot find complete CUDA headers), against the float64 oracle.
 
 Each test guards a defect or a semantic the CPU emulator cannot show on a GPU: the CUDA headers NVRTC
 is given (crt/mma.h), tensors that require grad handed to CuPy (BufferError), and grids beyond 65,535
-sequences (B in gridDim.z). Shapes are the awkward ones: Nq != Nk both ways, head dims 59/111/128/256,
-GQA, causal rows that see nothing.
+sequences (B in gridDim.z); for v3 (mma.sync, the 16-bit default on sm_75+) also long sequences (many
+cp.async tiles in flight) and misaligned tensors (its element-wise copy path). Shapes are the awkward ones:
+Nq != Nk both ways, head dims 40/59/111/128/256, GQA, causal rows that see nothing.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import flashlib
+import flashlib.kernels.cuda as fc
 from flashlib import testing
 
 pytest.importorskip("cupy")
@@ -40,6 +42,17 @@ def sm80():
     return torch.cuda.get_device_capability(DEVICE)[0] >= 8
 
 
+def sm75():
+    return torch.cuda.get_device_capability(DEVICE) >= (7, 5)
+
+
+def check_fa_rule(q, k, v, causal, o, lse):
+    ro, rl = testing.reference_gqa(q, k, v, causal=causal)
+    assert o.dtype == q.dtype and o.device.type == "cuda" and lse.shape == q.shape[:3]
+    testing.assert_fa_rule(o, testing.plain_torch_attention(q, k, v, causal=causal), ro, name="o")
+    testing.assert_close(lse, rl, atol=1e-4, rtol=1e-5, name="lse")
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -47,11 +60,35 @@ def test_v2_forward_follows_the_flashattention_rule(shape, causal, dtype):
     if dtype == torch.bfloat16 and not sm80():
         pytest.skip("bf16 WMMA needs sm_80+")
     q, k, v = make(*shape, dtype, seed=1)
-    o, lse = flashlib.attention(q, k, v, causal=causal, return_lse=True, backend="cuda")
-    ro, rl = testing.reference_gqa(q, k, v, causal=causal)
-    assert o.dtype == dtype and o.device.type == "cuda" and lse.shape == q.shape[:3]
-    testing.assert_fa_rule(o, testing.plain_torch_attention(q, k, v, causal=causal), ro, name="o")
-    testing.assert_close(lse, rl, atol=1e-4, rtol=1e-5, name="lse")
+    check_fa_rule(q, k, v, causal, *fc.forward(q, k, v, causal=causal, version="v2"))
+
+
+# v3 (mma.sync): also d = 40 (16-byte copies, a partial last tile) and N = 2048 (32 K/V tiles in flight)
+V3_SHAPES = SHAPES + [(1, 2, 1, 70, 130, 40), (1, 4, 2, 2048, 2048, 128), (2, 2, 2, 2048, 1000, 64)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", V3_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_v3_forward_follows_the_flashattention_rule(shape, causal, dtype):
+    """backend='cuda' runs v3 for 16-bit inputs on sm_75+ (bf16: sm_80+)."""
+    if not sm75() or (dtype == torch.bfloat16 and not sm80()):
+        pytest.skip("v3 needs sm_75+ (bf16: sm_80+)")
+    assert fc.pick_version(str(dtype)[6:], capability=torch.cuda.get_device_capability(DEVICE)) == "v3"
+    q, k, v = make(*shape, dtype, seed=1)
+    check_fa_rule(q, k, v, causal, *flashlib.attention(q, k, v, causal=causal, return_lse=True, backend="cuda"))
+
+
+@pytest.mark.parametrize("d", [64, 59])
+def test_v3_on_misaligned_tensors(d):
+    """q, k, v, o one element past a 16-byte boundary: v3 must take its element-wise copies, not cp.async."""
+    if not sm75():
+        pytest.skip("v3 needs sm_75+")
+    shapes = ((1, 2, 45, d), (1, 1, 70, d), (1, 1, 70, d))
+    q, k, v = (torch.randn(torch.Size(s).numel() + 1, device=DEVICE, dtype=torch.float16)[1:].view(s)
+               for s in shapes)
+    assert q.is_contiguous() and q.data_ptr() % 16 != 0
+    check_fa_rule(q, k, v, True, *fc.forward(q, k, v, causal=True, version="v3"))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -103,11 +140,14 @@ def test_ragged_decode_with_lengths_zero_and_one(dtype, num_splits):
 SAMPLE = [0, 1, 65534, 65535, 65536, 99998, 99999]      # sequences either side of the old limit
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["v1", "v2"])
-def test_forward_with_100000_sequences(dtype):
+@pytest.mark.parametrize("version,dtype", [("v1", torch.float32), ("v2", torch.float16), ("v3", torch.float16)],
+                         ids=["v1", "v2", "v3"])
+def test_forward_with_100000_sequences(version, dtype):
+    if version == "v3" and not sm75():
+        pytest.skip("v3 needs sm_75+")
     b = 100_000
     q, k, v = make(b, 1, 1, 16, 16, 64, dtype, seed=5)
-    o, lse = flashlib.attention(q, k, v, causal=True, return_lse=True, backend="cuda")
+    o, lse = fc.forward(q, k, v, causal=True, version=version)
     torch.cuda.synchronize()
     idx = torch.tensor(SAMPLE, device=DEVICE)
     qs, ks, vs = q[idx], k[idx], v[idx]

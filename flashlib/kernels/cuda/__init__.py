@@ -5,6 +5,8 @@ changed, where the idea comes from, its limits and how to run it):
 
 * ``fa2_fwd_v1_scalar.cu`` — v1, scalar fp32 FlashAttention-2 forward, one thread per query row;
 * ``fa2_fwd_v2_wmma.cu`` — v2, the same on tensor cores (WMMA 16x16x16, fp16, bf16 on sm_80+);
+* ``fa2_fwd_v3_mma.cu`` — v3, mma.sync/ldmatrix/cp.async as inline PTX (``ptx.h``), S, P and O in
+  registers (fp16 on sm_75+, bf16 on sm_80+): what float16/bfloat16 run by default;
 * ``decode_splitkv.cu`` — Flash-Decoding: split-KV partial attention, then a combine kernel.
 
 Entry points (what ``flashlib.attention(..., backend="cuda")`` and ``flashlib.decode`` call):
@@ -24,16 +26,21 @@ from ...tools import toolchain
 from . import build, launch
 from .launch import EmulatorError, LaunchSpec
 
-__all__ = ["forward", "decode", "compile_rows", "compile_configs", "prebuild", "source", "SOURCES", "ARCHS",
+__all__ = ["forward", "decode", "pick_version", "compile_rows", "compile_configs", "prebuild", "source", "SOURCES", "ARCHS",
            "LaunchSpec", "EmulatorError", "build", "launch"]
 
-SOURCES = {"v1": "fa2_fwd_v1_scalar.cu", "v2": "fa2_fwd_v2_wmma.cu", "decode": "decode_splitkv.cu"}
+SOURCES = {"v1": "fa2_fwd_v1_scalar.cu", "v2": "fa2_fwd_v2_wmma.cu", "v3": "fa2_fwd_v3_mma.cu",
+           "decode": "decode_splitkv.cu"}
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
-_VERSION_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16")}
+_VERSION_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16"), "v3": ("float16", "bfloat16")}
+# The oldest GPU each version runs on, and for bfloat16 (major, minor); the emulator runs them all.
+_MIN_SM = {"v1": (0, 0), "v2": (7, 0), "v3": (7, 5)}
+_MIN_SM_BF16 = {"v2": ((8, 0), "WMMA has no bf16 before Ampere"),
+                "v3": ((8, 0), "mma.sync m16n8k16 with bf16 needs Ampere")}
 
 
 def source(version: str):
-    """The CUDA source of ``version`` ("v1", "v2" or "decode"): an IPython Code object in a notebook.
+    """The CUDA source of ``version`` ("v1", "v2", "v3" or "decode"): an IPython Code object in a notebook.
 
     Explained in: notebooks/08_cuda.
 
@@ -49,7 +56,7 @@ def source(version: str):
     return Code(text, language="cuda")
 
 
-def prebuild(versions=("v1", "v2", "decode"), sanitizers=(None,)):
+def prebuild(versions=("v1", "v2", "v3", "decode"), sanitizers=(None,)):
     """Build the emulator executables for ``versions`` x ``sanitizers`` now, in parallel (g++ runs
     take seconds each; later calls find them in the cache). Returns their paths.
 
@@ -95,26 +102,40 @@ def _dtype_name(t) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-def _pick_version(dtype: str, version):
+def pick_version(dtype: str, version=None, capability=None) -> str:
+    """The forward kernel that runs for ``dtype`` ("float32", "float16", "bfloat16"): ``version`` if
+    given (checked), else "v1" for float32 and "v3" for float16/bfloat16 — "v2" on a GPU older than
+    sm_75 (``capability``: the GPU's ``(major, minor)``; None for the CPU emulator, which runs all).
+
+    Raises TypeError naming the dtype or GPU a version cannot take, ValueError for an unknown version.
+
+    Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_v3.py.
+    """
     if version is None:
-        version = "v1" if dtype == "float32" else "v2" if dtype in ("float16", "bfloat16") else None
-        if version is None:
-            raise TypeError(f"q must be float32 (v1), float16 or bfloat16 (v2), got {dtype}")
+        if dtype == "float32":
+            version = "v1"
+        elif dtype in ("float16", "bfloat16"):
+            version = "v2" if capability is not None and tuple(capability) < _MIN_SM["v3"] else "v3"
+        else:
+            raise TypeError(f"q must be float32 (v1), float16 or bfloat16 (v3, or v2), got {dtype}")
     if version not in _VERSION_DTYPES:
-        raise ValueError(f"version must be None, 'v1' or 'v2', got {version!r}")
+        raise ValueError(f"version must be None, 'v1', 'v2' or 'v3', got {version!r}")
     if dtype not in _VERSION_DTYPES[version]:
         raise TypeError(f"CUDA kernel {version} supports dtypes {', '.join(_VERSION_DTYPES[version])}; got {dtype}"
-                        + (" (use version='v2' or None)" if version == "v1" else " (use version='v1' or None)"))
+                        + (" (use version='v3', 'v2' or None)" if version == "v1" else " (use version='v1' or None)"))
+    if capability is not None:
+        cap = tuple(capability)
+        if dtype == "bfloat16" and version in _MIN_SM_BF16 and cap < _MIN_SM_BF16[version][0]:
+            (major, minor), why = _MIN_SM_BF16[version]
+            raise TypeError(f"CUDA kernel {version} in bfloat16 needs sm_{major}{minor} or newer ({why}); "
+                            f"this GPU is sm_{cap[0]}{cap[1]} — use float16")
+        if cap < _MIN_SM[version]:
+            major, minor = _MIN_SM[version]
+            raise TypeError(f"CUDA kernel {version} needs sm_{major}{minor} or newer; this GPU is "
+                            f"sm_{cap[0]}{cap[1]} — use version=None")
     return version
-
-
-def _gpu_checks(t, version_label, needs_sm80):
-    torch = _torch()
-    if needs_sm80:
-        major, minor = torch.cuda.get_device_capability(t.device)
-        if major < 8:
-            raise TypeError(f"CUDA kernel {version_label} in bfloat16 needs sm_80 or newer (WMMA has no bf16 "
-                            f"before Ampere); this GPU is sm_{major}{minor} — use float16")
 
 
 def forward(q, k, v, *, causal=False, scale=None, version=None, sanitizer=None):
@@ -125,7 +146,8 @@ def forward(q, k, v, *, causal=False, scale=None, version=None, sanitizer=None):
             kv head ``h // (H // Hkv)``, nothing is copied). torch tensors (CPU or CUDA) or NumPy
             arrays; d <= 256.
         causal: bottom-right aligned when Nq != Nk. scale: defaults to ``d ** -0.5``.
-        version: None picks "v1" for float32 and "v2" for float16/bfloat16 (bf16 on a GPU needs sm_80+).
+        version: None picks "v1" for float32 and "v3" for float16/bfloat16 ("v2" on GPUs before sm_75;
+            bf16 on a GPU needs sm_80+), as :func:`pick_version`; "v1", "v2", "v3" force one.
         sanitizer: CPU emulator only — None, "address" (ASan) or "thread" (TSan).
 
     Returns:
@@ -147,19 +169,21 @@ def forward(q, k, v, *, causal=False, scale=None, version=None, sanitizer=None):
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     dtype = _dtype_name(q)
-    version = _pick_version(dtype, version)
     _check_sanitizer(sanitizer, q.device.type)
+    capability = _torch().cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
+    version = pick_version(dtype, version, capability)
     scale = check_scale(scale, d)
     if version == "v1":
         specs = launch.v1_launch(b, h, hkv, nq, nk, d, scale, bool(causal))
     else:
-        specs = launch.v2_launch(b, h, hkv, nq, nk, d, scale, bool(causal), "f16" if dtype == "float16" else "bf16")
+        short = "f16" if dtype == "float16" else "bf16"
+        specs = (launch.v2_launch if version == "v2" else launch.v3_launch)(b, h, hkv, nq, nk, d, scale,
+                                                                            bool(causal), short)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(q)
     lse = torch.empty((b, h, nq), dtype=torch.float32, device=q.device)
     bufs = {"q": q, "k": k, "v": v, "o": o, "lse": lse}
     if q.device.type == "cuda":
-        _gpu_checks(q, version, dtype == "bfloat16")
         launch.run_gpu(specs, bufs)
     else:
         launch.run_emulated(specs, bufs, ["o", "lse"], sanitizer=sanitizer)
@@ -210,7 +234,6 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal
     bufs = {"q": q, "k": k, "v": v, "seqlens": seq, "o_parts": o_parts, "lse_parts": lse_parts,
             "o": o, "lse": lse}
     if q.device.type == "cuda":
-        _gpu_checks(q, "decode", False)
         launch.run_gpu(specs, bufs)
     else:
         launch.run_emulated(specs, bufs, ["o", "lse"], sanitizer=sanitizer)
@@ -228,6 +251,7 @@ def compile_configs():
         out += [("v1", s) for s in launch.v1_launch(1, 1, 1, 128, 128, d, 1.0, True)]
         for dt in ("f16", "bf16"):
             out += [("v2", s) for s in launch.v2_launch(1, 1, 1, 128, 128, d, 1.0, True, dt)]
+            out += [("v3", s) for s in launch.v3_launch(1, 1, 1, 128, 128, d, 1.0, True, dt)]
     for dt in ("f32", "f16", "bf16"):
         out += [("decode", s) for s in launch.decode_launch(1, 1, 1, 1, 1024, 128, 1.0, False, 4, dt)]
     return out
@@ -237,11 +261,13 @@ def compile_rows(archs=ARCHS) -> list[dict]:
     """Compile-report rows (backend "cuda") for every kernel configuration and architecture.
 
     Each row: ``backend, kernel, config, arch, compiler ("nvcc 13.0"), ok, registers, spill_bytes,
-    shared_bytes, mma_instructions, tensor_cores`` (+ ``error`` when ``ok`` is False). ``registers`` and
-    ``spill_bytes`` (spill stores + loads) come from ``nvcc -cubin -arch=<arch> --resource-usage``;
-    ``shared_bytes`` is the kernel's static shared memory plus the dynamic bytes its LaunchSpec asks
-    for; ``mma_instructions`` counts HMMA/HGMMA in ``cuobjdump -sass``. bf16 v2 rows are omitted on
-    sm_75 (WMMA has no bf16 there; the kernel body compiles to nothing). Raises RuntimeError naming the
+    shared_bytes, mma_instructions, ldsm_instructions, ldgsts_instructions, tensor_cores`` (+ ``error``
+    when ``ok`` is False). ``registers`` and ``spill_bytes`` (spill stores + loads) come from
+    ``nvcc -cubin -arch=<arch> --resource-usage``; ``shared_bytes`` is the kernel's static shared memory
+    plus the dynamic bytes its LaunchSpec asks for; ``mma_instructions`` counts HMMA/HGMMA,
+    ``ldsm_instructions`` LDSM (ldmatrix) and ``ldgsts_instructions`` LDGSTS (cp.async) in
+    ``cuobjdump -sass``. bf16 v2 and v3 rows are omitted on sm_75 (no bf16 tensor cores there; those
+    kernel bodies compile to nothing). Raises RuntimeError naming the
     tool when nvcc or cuobjdump is missing.
 
     Explained in: notebooks/08_cuda.
@@ -262,12 +288,12 @@ def compile_rows(archs=ARCHS) -> list[dict]:
                 pass                                  # reported per row below
     for arch in archs:
         for version, spec in compile_configs():
-            if arch == "sm_75" and spec.kernel.endswith("bf16") and version == "v2":
-                continue
+            if arch == "sm_75" and "_bf16" in spec.kernel and version in ("v2", "v3"):
+                continue                              # no bf16 tensor cores before sm_80: empty kernels
             row = {"backend": "cuda", "kernel": spec.kernel, "config": spec.config, "arch": arch,
                    "compiler": compiler, "ok": False,
                    "registers": None, "spill_bytes": None, "shared_bytes": None, "mma_instructions": None,
-                   "tensor_cores": False}
+                   "ldsm_instructions": None, "ldgsts_instructions": None, "tensor_cores": False}
             try:
                 key = (spec.source, arch)
                 if key not in usage:
@@ -279,6 +305,7 @@ def compile_rows(archs=ARCHS) -> list[dict]:
                 continue
             row.update(ok=True, registers=u["registers"], spill_bytes=u["spill_bytes"],
                        shared_bytes=u["static_smem"] + spec.shared_bytes,
-                       mma_instructions=u["mma_instructions"], tensor_cores=u["mma_instructions"] > 0)
+                       mma_instructions=u["mma_instructions"], tensor_cores=u["mma_instructions"] > 0,
+                       ldsm_instructions=u["ldsm_instructions"], ldgsts_instructions=u["ldgsts_instructions"])
             rows.append(row)
     return rows

@@ -104,6 +104,7 @@ def harness_text(text: str, origin: str) -> str:
 def _emulator_files_text() -> str:
     parts = [(EMU_DIR / "emulator.h").read_text(), (EMU_DIR / "runner.cpp").read_text()]
     parts += [p.read_text() for p in sorted((EMU_DIR / "include").glob("*.h"))]
+    parts += [p.read_text() for p in sorted(CSRC.glob("*.h"))]     # flashlib's own headers (ptx.h)
     return "\n".join(parts)
 
 
@@ -144,7 +145,7 @@ def emulator_binary(source, sanitizer: str | None = None) -> pathlib.Path:
     gxx = toolchain.require_tool("g++", "the CUDA emulator")
     name, text, origin = _source(source)
     harness = harness_text(text, origin)
-    flags = ["-std=c++20", "-pthread", "-w", f"-I{EMU_DIR / 'include'}", *_SAN_FLAGS[sanitizer]]
+    flags = ["-std=c++20", "-pthread", "-w", f"-I{EMU_DIR / 'include'}", f"-I{CSRC}", *_SAN_FLAGS[sanitizer]]
     key = hashlib.sha256("\0".join([harness, _emulator_files_text(), " ".join(flags),
                                     toolchain.tool_version(gxx)]).encode()).hexdigest()[:16]
     mode = sanitizer or "plain"
@@ -171,7 +172,8 @@ def _nvcc_job(source, arch, purpose):
         raise ValueError(f"arch must look like 'sm_80', got {arch!r}")
     nvcc = toolchain.require_tool("nvcc", purpose)
     name, text, _ = _source(source)
-    key = hashlib.sha256("\0".join([text, arch, toolchain.tool_version(nvcc)]).encode()).hexdigest()[:16]
+    own = [p.read_text() for p in sorted(CSRC.glob("*.h"))]        # flashlib's own headers (ptx.h)
+    key = hashlib.sha256("\0".join([text, *own, arch, toolchain.tool_version(nvcc)]).encode()).hexdigest()[:16]
     return nvcc, name, text, key
 
 
@@ -193,7 +195,7 @@ def nvcc_cubin(source, arch: str) -> pathlib.Path:
         with tempfile.TemporaryDirectory(prefix=f"nvcc-{name}-", dir=_cache()) as work:
             src = pathlib.Path(work) / f"{name}.cu"
             src.write_text(text)
-            proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "--resource-usage",
+            proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "--resource-usage", f"-I{CSRC}",
                                    "-o", str(tmp), str(src)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"nvcc could not compile {name} for {arch}:\n{proc.stderr[-6000:]}")
@@ -202,11 +204,12 @@ def nvcc_cubin(source, arch: str) -> pathlib.Path:
 
 
 def nvcc_usage(source, arch: str) -> dict[str, dict]:
-    """Per-kernel ``{"registers", "stack_bytes", "spill_bytes", "static_smem", "mma_instructions"}``.
+    """Per-kernel ``{"registers", "stack_bytes", "spill_bytes", "static_smem", "mma_instructions",
+    "ldsm_instructions", "ldgsts_instructions"}``.
 
     Compiles ``source`` with :func:`nvcc_cubin`, reads ptxas's report (``spill_bytes``: spill stores
-    plus loads) and counts tensor-core instructions (HMMA on sm_75..sm_89, HGMMA/HMMA on sm_90) in
-    ``cuobjdump -sass``. Cached as JSON by (source, arch, nvcc version). Raises RuntimeError naming a
+    plus loads) and counts, in ``cuobjdump -sass``, tensor-core instructions (HMMA on sm_75..sm_89,
+    HGMMA/HMMA on sm_90), ldmatrix (LDSM) and cp.async (LDGSTS). Cached as JSON by (source, arch, nvcc version). Raises RuntimeError naming a
     missing tool or quoting nvcc's errors.
 
     Explained in: notebooks/08_cuda.
@@ -220,11 +223,18 @@ def nvcc_usage(source, arch: str) -> dict[str, dict]:
     def make(tmp):
         cubin = nvcc_cubin(source, arch)
         ptxas = toolchain.parse_ptxas(pathlib.Path(str(cubin) + ".ptxas.txt").read_text())
-        mma = toolchain.count_mma(toolchain.run_tool("cuobjdump", "-sass", cubin, purpose=purpose))
+        sass = toolchain.run_tool("cuobjdump", "-sass", cubin, purpose=purpose)
+        counts = {field: toolchain.count_mma(sass, pattern) for field, pattern in _SASS_COUNTS.items()}
         usage = {kname: {"registers": u["registers"], "stack_bytes": u["stack_bytes"],
                          "spill_bytes": None if u["spill_stores"] is None else u["spill_stores"] + u["spill_loads"],
                          "static_smem": u["static_smem"],
-                         "mma_instructions": mma.get(kname, 0)}
+                         **{field: c.get(kname, 0) for field, c in counts.items()}}
                  for kname, u in ptxas.items()}
         tmp.write_text(json.dumps(usage, indent=1, sort_keys=True))
-    return json.loads(toolchain.once(_cache() / f"nvcc-{name}-{arch}-{key}.json", make).read_text())
+    return json.loads(toolchain.once(_cache() / f"nvcc-{name}-{arch}-{key}.sass-counts.json", make).read_text())
+
+
+# SASS instructions nvcc_usage counts per kernel: tensor-core mma (HMMA/HGMMA...), ldmatrix (LDSM) and
+# cp.async (LDGSTS).
+_SASS_COUNTS = {"mma_instructions": toolchain.MMA_RE, "ldsm_instructions": re.compile(r"\bLDSM\b"),
+                "ldgsts_instructions": re.compile(r"\bLDGSTS\b")}

@@ -25,6 +25,18 @@
 //     unspecified in CUDA, so here each lane holds the whole 16x16 tile; store_matrix_sync checks that all
 //     lanes hold the same tile (a kernel that writes lane-dependent values into fragment.x[] is relying on
 //     a layout CUDA does not promise).
+//   * The PTX wrappers of csrc/ptx.h (namespace ptx): mma.sync m16n8k16 (f16, bf16) and m16n8k8 (f16),
+//     ldmatrix m8n8 .x1/.x2/.x4 (.trans), cp.async 16 bytes with commit/wait groups. Unlike WMMA, PTX
+//     documents which lane holds which element, so here every lane holds exactly its ISA fragment: a
+//     collective gathers all lanes' registers through the warp exchange, rebuilds the matrices with
+//     the ISA's per-lane table (emu::mma_a_elem & co., the one place it is written) and returns each
+//     lane its own elements (fp32 accumulation). Checked: all 32 lanes execute the call at the same
+//     site; ldmatrix rows 16-byte aligned and in shared memory (the dynamic buffer or static storage);
+//     cp.async dst in shared memory, src not, both 16-byte aligned, 0 <= src_bytes <= 16 (the rest of
+//     the 16 bytes zero-filled). A cp.async lands only when a cp.async.wait_group covering its group
+//     runs in the issuing thread: read before that, the destination still holds its old bytes (0xFF
+//     fill = NaN, or the previous tile). __syncthreads does not complete copies (as on the GPU); a
+//     thread that ends with copies never waited for is reported.
 //   * __half / __nv_bfloat16 with round-to-nearest-even conversions; the float math and bit-cast
 //     intrinsics the kernels use (expf, __expf, exp2f, logf, fmaxf, rsqrtf, __int_as_float, ...).
 //
@@ -179,6 +191,8 @@ struct Warp {
     const void* ptr[2][32];
     unsigned ldm[2][32];
     int layout[2][32];
+    float frag[2][32][12];    // PTX mma: each lane's A and B registers, unpacked to float
+    uint16_t row[2][32][8];   // PTX ldmatrix: the 16-byte row each lane's address points at
 };
 
 struct LaunchState {
@@ -200,6 +214,8 @@ inline thread_local int t_lane = 0;
 inline thread_local int t_warp = 0;
 inline thread_local int t_linear = 0;
 inline thread_local unsigned t_coll = 0;     // warp collectives this thread has executed in this block
+
+void cp_async_thread_exit();   // PTX section below: a thread ends with copies never waited for
 
 inline void* dynamic_smem() {
     if (!g_launch || !g_launch->dyn)
@@ -275,6 +291,7 @@ inline void launch(void (*kernel)(A...), dim3 grid, dim3 block, size_t dyn_bytes
                 blockIdx = dim3(b % grid.x, (b / grid.x) % grid.y, b / ((unsigned long)grid.x * grid.y));
                 t_coll = 0;
                 std::apply(kernel, values);
+                cp_async_thread_exit();
                 L.block_bar.exit_thread();
                 L.warps[t_warp].bar.exit_thread();
                 control_barrier([&] { if (b + 1 < nblocks) prepare_block(); });
@@ -570,6 +587,203 @@ inline void mma_sync(fragment<accumulator, M, N, K, TC, void>& d, const fragment
 }
 }  // namespace wmma
 }  // namespace nvcuda
+
+// ---- PTX wrappers (csrc/ptx.h): mma.sync, ldmatrix, cp.async --------------------------------------
+// The GPU side of these names is inline PTX in csrc/ptx.h; here each follows the PTX ISA's per-lane
+// fragment tables ("Matrix Fragments for mma.m16n8k16 / mma.m16n8k8", "ldmatrix"), written once below as
+// "which element of the matrix does register `reg`, half `h` of lane `lane` hold". A collective call
+// gathers every lane's registers through the warp exchange, rebuilds the matrices from that table and
+// hands each lane exactly its own fragment, so a kernel with a wrong lane mapping computes a wrong result.
+#define FLASHLIB_EMULATOR_PTX 1
+extern "C" char __data_start[] __attribute__((weak)), _end[] __attribute__((weak));   // GNU ld's symbols
+namespace emu {
+struct RC { int r, c; };
+// groupID g = lane >> 2, threadID_in_group t = lane & 3; half h = 0 is the low 16 bits of the register.
+inline RC mma_a_elem(int lane, int reg, int h) {          // A (16 x K), row-major; K = 16: regs 0-3, K = 8: 0-1
+    return {(lane >> 2) + 8 * (reg & 1), 2 * (lane & 3) + h + 8 * (reg >> 1)};
+}
+inline RC mma_b_elem(int lane, int reg, int h) {          // B (K x 8), "col": {k, n}
+    return {2 * (lane & 3) + h + 8 * reg, lane >> 2};
+}
+inline RC mma_c_elem(int lane, int i) {                   // C, D (16 x 8) fp32: c[0..3]
+    return {(lane >> 2) + 8 * (i >> 1), 2 * (lane & 3) + (i & 1)};
+}
+inline RC ldmatrix_elem(int lane, int h) {                // matrix i's element in r[i] (no .trans): {row, col}
+    return {lane >> 2, 2 * (lane & 3) + h};
+}
+
+// Where shared memory lives in the emulator: the launch's dynamic buffer, or static storage (a
+// `__shared__` array is a function-local static). Global buffers (heap) and locals (stack) are neither.
+inline bool is_shared(const void* p, size_t n) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    const auto in = [&](const void* lo, size_t len) {
+        const auto l = reinterpret_cast<uintptr_t>(lo);
+        return lo != nullptr && a >= l && a + n <= l + len;
+    };
+    if (g_launch && g_launch->dyn && in(g_launch->dyn, g_launch->dyn_bytes)) return true;
+    if (__data_start == nullptr || _end == nullptr) return true;          // unknown layout: cannot tell
+    return in(__data_start, size_t(_end - __data_start));
+}
+
+template <int KA, int KB>   // KA registers of A (4: m16n8k16, 2: m16n8k8), KB of B
+inline void mma(const char* what, float (&d)[4], const uint32_t* a, const uint32_t* b, const float (&c)[4],
+                float (*to_float)(uint16_t), const std::source_location& loc) {
+    constexpr int K = 4 * KA;
+    Warp& W = my_warp();
+    const int lane = t_lane;
+    const unsigned set = t_coll++ & 1u;
+    float* mine = W.frag[set][lane];
+    for (int r = 0; r < KA; ++r)
+        for (int h = 0; h < 2; ++h) mine[2 * r + h] = to_float(uint16_t(a[r] >> (16 * h)));
+    for (int r = 0; r < KB; ++r)
+        for (int h = 0; h < 2; ++h) mine[2 * KA + 2 * r + h] = to_float(uint16_t(b[r] >> (16 * h)));
+    W.bar.arrive(what, loc, true, "warp");
+    float A[16][K], B[K][8];                 // rebuilt from all 32 lanes' registers by the ISA table
+    for (int l = 0; l < 32; ++l)
+        for (int h = 0; h < 2; ++h) {
+            for (int r = 0; r < KA; ++r) { const RC e = mma_a_elem(l, r, h); A[e.r][e.c] = W.frag[set][l][2 * r + h]; }
+            for (int r = 0; r < KB; ++r) { const RC e = mma_b_elem(l, r, h); B[e.r][e.c] = W.frag[set][l][2 * KA + 2 * r + h]; }
+        }
+    float out[4];
+    for (int i = 0; i < 4; ++i) {            // fp32 accumulation (each 16-bit product is exact in fp32)
+        const RC e = mma_c_elem(lane, i);
+        float acc = c[i];
+        for (int k = 0; k < K; ++k) acc += A[e.r][k] * B[k][e.c];
+        out[i] = acc;
+    }
+    for (int i = 0; i < 4; ++i) d[i] = out[i];    // d may alias c
+}
+
+template <int X, bool TRANS>
+inline void ldmatrix(const char* what, uint32_t* r, const void* row, const std::source_location& loc) {
+    Warp& W = my_warp();
+    const int lane = t_lane;
+    if (lane < 8 * X) {                      // .x1 reads lanes 0-7's addresses, .x2 0-15's, .x4 all
+        if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
+            fail("%s at %s: lane %d's row address %p is not 16-byte aligned, as ldmatrix requires (thread "
+                 "%u, block %u)", what, where(loc).c_str(), lane, row, threadIdx.x, blockIdx.x);
+        if (!is_shared(row, 16))
+            fail("%s at %s: lane %d's row address %p is not in shared memory (ldmatrix reads .shared only; "
+                 "thread %u, block %u)", what, where(loc).c_str(), lane, row, threadIdx.x, blockIdx.x);
+    }
+    // Each lane reads the row it points at before the warp meets, so that no lane touches shared
+    // memory after the collective returns (as on the GPU, where the warp's loads are done by then).
+    const unsigned set = t_coll++ & 1u;
+    if (lane < 8 * X) std::memcpy(W.row[set][lane], row, 16);
+    W.bar.arrive(what, loc, true, "warp");
+    for (int i = 0; i < X; ++i) {
+        uint32_t v = 0;
+        for (int h = 0; h < 2; ++h) {
+            RC e = ldmatrix_elem(lane, h);
+            if (TRANS) std::swap(e.r, e.c);  // .trans: the same position of the transposed matrix
+            v |= uint32_t(W.row[set][8 * i + e.r][e.c]) << (16 * h);   // row e.r of matrix i
+        }
+        r[i] = v;
+    }
+}
+
+// cp.async: a copy is captured at issue and lands in shared memory only when a cp.async.wait_group
+// covering its group runs in the issuing thread (wait_group N completes all committed groups but the N
+// newest; copies not yet committed are not waited for, as in PTX). Until then the destination keeps its
+// old bytes: the 0xFF fill (NaN) or the previous tile. __syncthreads does not complete copies (a
+// pipeline keeps the next tile in flight across it); a thread that ends with copies never waited for is
+// reported, because their data never reached shared memory.
+struct AsyncCopy {
+    unsigned char* dst;
+    unsigned char data[16];
+    std::source_location loc;
+};
+inline thread_local std::vector<AsyncCopy> t_cp_open;                  // issued, not committed
+inline thread_local std::vector<std::vector<AsyncCopy>> t_cp_groups;   // committed, oldest first
+
+inline void cp_async(void* dst, const void* src, int src_bytes, const std::source_location& loc) {
+    if (src_bytes < 0 || src_bytes > 16)
+        fail("cp.async at %s: src_bytes = %d, but it must be 0..16 (thread %u, block %u)", where(loc).c_str(),
+             src_bytes, threadIdx.x, blockIdx.x);
+    if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+        fail("cp.async at %s: dst %p and src %p must both be 16-byte aligned for a 16-byte copy (thread %u, "
+             "block %u)", where(loc).c_str(), dst, src, threadIdx.x, blockIdx.x);
+    if (!is_shared(dst, 16))
+        fail("cp.async at %s: dst %p..+16 is not in shared memory (outside the launch's shared buffer?) "
+             "(thread %u, block %u)", where(loc).c_str(), dst, threadIdx.x, blockIdx.x);
+    if (src_bytes > 0 && is_shared(src, size_t(src_bytes)))
+        fail("cp.async at %s: src %p is in shared memory; cp.async.shared.global copies from global memory "
+             "(thread %u, block %u)", where(loc).c_str(), src, threadIdx.x, blockIdx.x);
+    AsyncCopy c{static_cast<unsigned char*>(dst), {}, loc};
+    if (src_bytes > 0) std::memcpy(c.data, src, size_t(src_bytes));   // the rest stays zero: zero-fill
+    t_cp_open.push_back(c);
+}
+inline void cp_async_commit() {
+    t_cp_groups.push_back(std::move(t_cp_open));
+    t_cp_open.clear();
+}
+inline void cp_async_wait(int n) {
+    while (int(t_cp_groups.size()) > n) {
+        for (const AsyncCopy& c : t_cp_groups.front()) std::memcpy(c.dst, c.data, 16);
+        t_cp_groups.erase(t_cp_groups.begin());
+    }
+}
+inline void cp_async_thread_exit() {
+    size_t n = t_cp_open.size();
+    const AsyncCopy* first = t_cp_open.empty() ? nullptr : &t_cp_open.front();
+    for (const auto& g : t_cp_groups) {
+        n += g.size();
+        if (!first && !g.empty()) first = &g.front();
+    }
+    if (n > 0)
+        fail("thread (%u,%u,%u) of block (%u,%u,%u) ended with %zu cp.async copies (the first issued at %s) "
+             "that no cp.async.wait_group completed: their data never landed in shared memory (a missing "
+             "cp_async_wait<0>(), or a commit after the last wait)", threadIdx.x, threadIdx.y, threadIdx.z,
+             blockIdx.x, blockIdx.y, blockIdx.z, n, where(first->loc).c_str());
+    t_cp_open.clear();
+    t_cp_groups.clear();
+}
+}  // namespace emu
+
+namespace ptx {
+using SL = std::source_location;
+inline void mma_m16n8k16_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4],
+                             SL loc = SL::current()) {
+    emu::mma<4, 2>("mma.sync.m16n8k16.f16", d, a, b, c, emu::half_bits_to_float, loc);
+}
+inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4],
+                              SL loc = SL::current()) {
+    emu::mma<4, 2>("mma.sync.m16n8k16.bf16", d, a, b, c, emu::bf16_bits_to_float, loc);
+}
+inline void mma_m16n8k8_f16(float (&d)[4], const uint32_t (&a)[2], const uint32_t (&b)[1], const float (&c)[4],
+                            SL loc = SL::current()) {
+    emu::mma<2, 1>("mma.sync.m16n8k8.f16", d, a, b, c, emu::half_bits_to_float, loc);
+}
+inline void ldmatrix_x1(uint32_t (&r)[1], const void* row, SL loc = SL::current()) {
+    emu::ldmatrix<1, false>("ldmatrix.x1", r, row, loc);
+}
+inline void ldmatrix_x2(uint32_t (&r)[2], const void* row, SL loc = SL::current()) {
+    emu::ldmatrix<2, false>("ldmatrix.x2", r, row, loc);
+}
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, SL loc = SL::current()) {
+    emu::ldmatrix<4, false>("ldmatrix.x4", r, row, loc);
+}
+inline void ldmatrix_x2_trans(uint32_t (&r)[2], const void* row, SL loc = SL::current()) {
+    emu::ldmatrix<2, true>("ldmatrix.x2.trans", r, row, loc);
+}
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row, SL loc = SL::current()) {
+    emu::ldmatrix<4, true>("ldmatrix.x4.trans", r, row, loc);
+}
+inline void cp_async_16(void* smem_dst, const void* gmem_src, int src_bytes, SL loc = SL::current()) {
+    emu::cp_async(smem_dst, gmem_src, src_bytes, loc);
+}
+inline void cp_async_commit() { emu::cp_async_commit(); }
+template <int N> inline void cp_async_wait() {
+    static_assert(N >= 0, "cp.async.wait_group takes a non-negative group count");
+    emu::cp_async_wait(N);
+}
+inline uint32_t pack_half2(float lo, float hi) {
+    return uint32_t(emu::float_to_half_bits(lo)) | (uint32_t(emu::float_to_half_bits(hi)) << 16);
+}
+inline uint32_t pack_bf162(float lo, float hi) {
+    return uint32_t(emu::float_to_bf16_bits(lo)) | (uint32_t(emu::float_to_bf16_bits(hi)) << 16);
+}
+}  // namespace ptx
 
 // ---- the child-process runner's registry -----------------------------------------------------------
 namespace emu {

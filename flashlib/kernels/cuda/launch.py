@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import pathlib
+import re
 import struct
 import subprocess
 import tempfile
@@ -28,7 +29,7 @@ from ...hardware import flat_programs
 from ...tools import toolchain
 from . import build, toolkit
 
-__all__ = ["LaunchSpec", "SMEM_BUDGET", "flat_grid", "v1_launch", "v2_launch",
+__all__ = ["LaunchSpec", "SMEM_BUDGET", "flat_grid", "v1_launch", "v2_launch", "v3_launch",
            "decode_launch", "run_emulated", "to_cupy", "run_gpu", "EmulatorError"]
 
 # Shared memory per block we allow ourselves: the 48 KB every GPU grants without an opt-in
@@ -40,6 +41,13 @@ SMEM_BUDGET = 48 * 1024
 V1_BC = build.cu_constant("fa2_fwd_v1_scalar.cu", "V1_BC")
 V2_BC = build.cu_constant("fa2_fwd_v2_wmma.cu", "BC")
 DECODE_THREADS = build.cu_constant("decode_splitkv.cu", "THREADS")
+# v3: one kernel per head-dim bucket D (fa2_fwd_v3_<dtype>_d<D>, read from the kernel names), each with
+# its own keys per tile V3_BC_D<D>; THREADS per block, 16 query rows per warp.
+_V3_SOURCE = "fa2_fwd_v3_mma.cu"
+V3_WARPS = build.cu_constant(_V3_SOURCE, "THREADS") // 32
+V3_HEAD_DIMS = tuple(sorted({int(m) for m in re.findall(r"^fa2_fwd_v3_f16_d(\d+)$", "\n".join(
+    build.kernel_names((build.CSRC / _V3_SOURCE).read_text())), re.M)}))
+V3_BC = {dim: build.cu_constant(_V3_SOURCE, f"V3_BC_D{dim}") for dim in V3_HEAD_DIMS}
 # Every kernel here flattens its (block, head, batch) index into blockIdx.x and decodes it in the kernel,
 # so that any B x H that fits in memory launches (with H in y and B in z, B = 100,000 sequences could
 # not): flashlib.hardware.CUDA_GRID_MAX holds CUDA's limits.
@@ -80,6 +88,13 @@ def flat_grid(*counts: int) -> tuple[int, int, int]:
     return (flat_programs(*counts), 1, 1)
 
 
+def _forward_args(h, hkv, nq, nk, d, scale, causal) -> tuple:
+    """The forward kernels' parameters (v1, v2, v3 share them): q, k, v, o, lse, H, Hkv, nq, nk, d,
+    scale, causal."""
+    return (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "o"), ("buf", "lse"),
+            ("i32", h), ("i32", hkv), ("i32", nq), ("i32", nk), ("i32", d), ("f32", scale), ("i32", int(causal)))
+
+
 # ---- v1: scalar fp32 ------------------------------------------------------------------------------
 def v1_tile(d: int) -> tuple[int, int]:
     """(BR, shared bytes) for v1 at head dim d: the largest BR in 64, 32, 16, 8 that fits 48 KB."""
@@ -101,9 +116,7 @@ def v1_launch(b, h, hkv, nq, nk, d, scale, causal) -> list[LaunchSpec]:
     """
     br, smem = v1_tile(d)
     return [LaunchSpec("fa2_fwd_v1_scalar.cu", "fa2_fwd_v1_f32", flat_grid(_cdiv(nq, br), h, b), (br, 1, 1), smem,
-                       (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "o"), ("buf", "lse"),
-                        ("i32", h), ("i32", hkv), ("i32", nq), ("i32", nk), ("i32", d),
-                        ("f32", scale), ("i32", int(causal))),
+                       _forward_args(h, hkv, nq, nk, d, scale, causal),
                        f"d={d} BR={br} BC={V1_BC}")]
 
 
@@ -132,10 +145,42 @@ def v2_launch(b, h, hkv, nq, nk, d, scale, causal, dtype: str) -> list[LaunchSpe
     """
     br, smem = v2_tile(d)
     return [LaunchSpec("fa2_fwd_v2_wmma.cu", f"fa2_fwd_v2_{dtype}", flat_grid(_cdiv(nq, br), h, b), (2 * br, 1, 1),
-                       smem, (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "o"), ("buf", "lse"),
-                              ("i32", h), ("i32", hkv), ("i32", nq), ("i32", nk), ("i32", d),
-                              ("f32", scale), ("i32", int(causal))),
+                       smem, _forward_args(h, hkv, nq, nk, d, scale, causal),
                        f"{dtype} d={d} BR={br} BC={V2_BC}")]
+
+
+# ---- v3: mma.sync fp16/bf16 -----------------------------------------------------------------------
+def v3_tile(d: int) -> tuple[int, int, int, int]:
+    """``(D, BR, BC, shared bytes)`` for v3 at head dim d: D is the smallest of the kernel's head-dim
+    buckets (:data:`V3_HEAD_DIMS`) >= d, BR = 16 rows x V3_WARPS warps, BC the kernel's keys per tile
+    for that D; shared memory holds Q (BR x D), K and V (BC x D each), swizzled, no padding.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_v3.py.
+    """
+    dim = next((x for x in V3_HEAD_DIMS if x >= d), None)
+    if dim is None or d < 1:
+        raise ValueError(f"head dim d={d}: v3 supports 1 <= d <= {V3_HEAD_DIMS[-1]}")
+    br, bc = 16 * V3_WARPS, V3_BC[dim]
+    smem = (br + 2 * bc) * dim * 2
+    if smem > SMEM_BUDGET:                  # the kernel's constants, not the caller, are wrong
+        raise ValueError(f"v3 at D={dim}: BR={br}, BC={bc} need {smem} bytes of shared memory, "
+                         f"over the {SMEM_BUDGET} budget")
+    return dim, br, bc, smem
+
+
+def v3_launch(b, h, hkv, nq, nk, d, scale, causal, dtype: str) -> list[LaunchSpec]:
+    """v3 (``fa2_fwd_v3_<dtype>_d<D>``): one block of V3_WARPS warps (16 query rows each) per Q tile,
+    1-D grid indexed as v1's; the kernel's D is the head-dim bucket :func:`v3_tile` picks.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_v3.py.
+    """
+    dim, br, bc, smem = v3_tile(d)
+    return [LaunchSpec(_V3_SOURCE, f"fa2_fwd_v3_{dtype}_d{dim}", flat_grid(_cdiv(nq, br), h, b),
+                       (32 * V3_WARPS, 1, 1), smem,
+                       _forward_args(h, hkv, nq, nk, d, scale, causal),
+                       f"{dtype} d={d} D={dim} BR={br} BC={bc}")]
 
 
 # ---- Flash-Decoding -------------------------------------------------------------------------------
@@ -289,7 +334,7 @@ def _gpu_module(cupy, source: str, arch: str):
     dirs, nvcc = _include_dirs(), toolchain.find_tool("nvcc")
     if dirs is not None:
         mod = cupy.RawModule(code=(build.CSRC / source).read_text(), backend="nvrtc",
-                             options=("-std=c++17", *(f"-I{d}" for d in dirs)))
+                             options=("-std=c++17", f"-I{build.CSRC}", *(f"-I{d}" for d in dirs)))
         try:
             mod.compile()
             return mod

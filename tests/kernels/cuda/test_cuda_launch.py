@@ -20,10 +20,11 @@ torch = pytest.importorskip("torch")
 
 
 def all_specs(b, h, hkv, nq, nk, d):
-    """Every kernel's LaunchSpecs at one shape: v1, v2 (f16, bf16), decode split + combine (3 dtypes)."""
+    """Every kernel's LaunchSpecs at one shape: v1, v2 and v3 (f16, bf16), decode split + combine (3 dtypes)."""
     specs = launch.v1_launch(b, h, hkv, nq, nk, d, 1.0, True)
     for dt in ("f16", "bf16"):
         specs += launch.v2_launch(b, h, hkv, nq, nk, d, 1.0, True, dt)
+        specs += launch.v3_launch(b, h, hkv, nq, nk, d, 1.0, True, dt)
     for dt in ("f32", "f16", "bf16"):
         specs += launch.decode_launch(b, h, hkv, 1, nk, d, 1.0, False, 4, dt)
     return specs
@@ -34,7 +35,8 @@ def all_specs(b, h, hkv, nq, nk, d):
                                              (100000, 1, 1, 16, 64), (1, 131072, 1, 2, 16)])
 def test_every_grid_is_within_cuda_limits(b, h, hkv, n, d):
     specs = all_specs(b, h, hkv, n, n, d)
-    assert {s.kernel for s in specs} == {s.kernel for _, s in fc.compile_configs()}
+    family = lambda kernel: re.sub(r"_d\d+$", "", kernel)      # v3 has one kernel per head-dim bucket  # noqa: E731
+    assert {family(s.kernel) for s in specs} == {family(s.kernel) for _, s in fc.compile_configs()}
     for s in specs:
         x, y, z = s.grid
         assert all(1 <= n <= limit for n, limit in zip((x, y, z), CUDA_GRID_MAX)), s
@@ -42,6 +44,7 @@ def test_every_grid_is_within_cuda_limits(b, h, hkv, n, d):
         assert bx * by * bz <= 1024
     tiles = {"fa2_fwd_v1_f32": -(-n // launch.v1_tile(d)[0]), "fa2_fwd_v2_f16": -(-n // launch.v2_tile(d)[0])}
     tiles["fa2_fwd_v2_bf16"] = tiles["fa2_fwd_v2_f16"]
+    tiles.update({f"fa2_fwd_v3_{dt}_d{launch.v3_tile(d)[0]}": -(-n // launch.v3_tile(d)[1]) for dt in ("f16", "bf16")})
     for s in specs:                                      # one block per (tile | split | row, head, batch)
         per_bh = tiles.get(s.kernel, 4 if "split" in s.kernel else 1)
         assert s.grid == (per_bh * h * b, 1, 1), s
@@ -193,7 +196,8 @@ def test_gpu_module_uses_nvrtc_with_the_found_include_dirs(fake_cupy, monkeypatc
     fn = launch._gpu_function("fa2_fwd_v2_wmma.cu", "fa2_fwd_v2_f16")
     mod, = fake_cupy.modules
     assert fn == ("function", "fa2_fwd_v2_f16", mod)
-    assert mod.backend == "nvrtc" and mod.options == ("-std=c++17", f"-I{tmp_path / 'a'}", f"-I{tmp_path / 'b'}")
+    assert mod.backend == "nvrtc" and mod.options == ("-std=c++17", f"-I{build.CSRC}", f"-I{tmp_path / 'a'}",
+                                                   f"-I{tmp_path / 'b'}")   # csrc: flashlib's ptx.h
     assert mod.code == (build.CSRC / "fa2_fwd_v2_wmma.cu").read_text()
     launch._gpu_function("fa2_fwd_v2_wmma.cu", "fa2_fwd_v2_bf16")         # cached per (source, arch)
     assert len(fake_cupy.modules) == 1
