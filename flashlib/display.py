@@ -26,10 +26,11 @@ def show(obj):
     return Code(src, language="python")
 
 
-def crisp_figures(fmt: str = "retina") -> bool:
+def crisp_figures(fmt: str = "retina") -> None:
     """Draw this notebook's matplotlib figures at twice the resolution ("retina") or as vectors ("svg").
 
-    Every chapter's setup cell calls it. Returns False, changing nothing, outside IPython (a plain script).
+    Every chapter's setup cell calls it. Outside IPython (a plain script) it changes nothing. It returns None,
+    so the setup cell shows no output.
 
     Explained in: notebooks/01_naive_attention.
     Tested in: tests/test_display.py.
@@ -39,9 +40,7 @@ def crisp_figures(fmt: str = "retina") -> bool:
     try:
         from IPython import get_ipython
     except ImportError:  # pragma: no cover - IPython ships with every notebook environment
-        return False
+        return
     shell = get_ipython()
-    if shell is None:
-        return False
-    shell.run_line_magic("config", f"InlineBackend.figure_formats = [{fmt!r}]")
-    return True
+    if shell is not None:
+        shell.run_line_magic("config", f"InlineBackend.figure_formats = [{fmt!r}]")

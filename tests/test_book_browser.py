@@ -95,10 +95,24 @@ def test_page_renders_without_errors(browser, page):
     assert not bad, f"{page}: broken internal links: {bad}"
 
 
-@pytest.mark.parametrize("page", ["book/intro", "notebooks/03_flashattention1"])
-def test_screenshots_are_kept(browser, page):
+# The pages a reviewer looks at: the landing page (roadmap), a ladder chapter scrolled to its first puzzle with
+# the solution opened, and the Triton chapter.
+_SHOW_FIRST_SOLUTION = """
+    const d = document.querySelector('div.cell.tag_hide-cell details');
+    d.querySelector('summary').click();
+    Array.from(document.querySelectorAll('h2')).find(h => h.innerText.startsWith('Puzzles')).scrollIntoView();"""
+
+
+@pytest.mark.parametrize("page,script", [
+    ("book/intro", "document.querySelector('img[src*=roadmap]').scrollIntoView();"),
+    ("notebooks/02_online_softmax", _SHOW_FIRST_SOLUTION),
+    ("notebooks/03_flashattention1", None),
+    ("notebooks/07_triton", None)])
+def test_screenshots_are_kept(browser, page, script):
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.get((HTML / f"{page}.html").as_uri())
+    if script:
+        browser.execute_script(script)
     out = SHOTS / (page.replace("/", "_") + ".png")
     assert browser.save_screenshot(str(out))
     assert out.stat().st_size > 10_000      # a real rendering, not a blank page
@@ -175,3 +189,20 @@ def test_puzzle_solutions_are_hidden_until_asked_for(browser, page):
         d.querySelector('summary').click();
         return [d.open, d.querySelector('pre') !== null && d.querySelector('pre').offsetParent !== null];""")
     assert opened == [True, True], f"{page}: clicking the first solution's summary did not show its code"
+
+
+@pytest.mark.parametrize("page", ["notebooks/02_online_softmax", "notebooks/10_beyond_one_gpu"])
+def test_animations_play_in_the_page_without_a_network(browser, page):
+    """The online-softmax and ring-schedule animations are matplotlib's to_jshtml players: their frames are
+    embedded, so stepping to the next frame shows a different, loaded image with no network."""
+    browser.get((HTML / f"{page}.html").as_uri())
+    frames = browser.execute_script("""
+        const a = document.querySelector('div.animation');
+        if (!a) return null;
+        const img = a.querySelector('img');
+        const first = img.src;
+        a.querySelector('button[onclick$="next_frame()"]').click();
+        return [first.slice(0, 30), img.src !== first, img.complete && img.naturalWidth > 0];""")
+    assert frames is not None, f"{page}: no animation player"
+    assert frames[0].startswith("data:image/"), f"{page}: frames are not embedded: {frames[0]}"
+    assert frames[1] and frames[2], f"{page}: the next frame did not show ({frames})"

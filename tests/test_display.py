@@ -22,9 +22,10 @@ def test_crisp_figures_sets_the_inline_format_in_ipython_only(monkeypatch):
             self.calls.append((name, line))
 
     monkeypatch.setattr(IPython, "get_ipython", lambda: None)
-    assert flashlib.display.crisp_figures() is False          # a plain script: nothing to configure
+    assert flashlib.display.crisp_figures() is None           # a plain script: nothing to configure
+    assert Shell.calls == []
     monkeypatch.setattr(IPython, "get_ipython", lambda: Shell())
-    assert flashlib.display.crisp_figures("svg") is True
+    assert flashlib.display.crisp_figures("svg") is None      # no output under the setup cell
     assert Shell.calls == [("config", "InlineBackend.figure_formats = ['svg']")]
     with pytest.raises(ValueError, match="fmt must be 'retina', 'svg' or 'png', got 'jpeg'"):
         flashlib.display.crisp_figures("jpeg")
