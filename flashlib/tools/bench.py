@@ -1,4 +1,5 @@
-"""Benchmarks readers run on their GPU: flashlib's Triton kernels against torch SDPA and naive attention.
+"""Benchmarks readers run on their GPU: flashlib's Triton and CUDA C++ kernels against torch SDPA and naive
+attention.
 
 Forward and backward throughput in TFLOP/s with FlashAttention-2's FLOP count (4·N²·d·H per batch
 element forward, 2.5x that backward, halved for causal), and decode bandwidth in GB/s of K/V read,
@@ -31,7 +32,7 @@ import sys
 import warnings
 from typing import Callable
 
-__all__ = ["SCHEMA", "SDPA_BACKENDS", "attention_flops", "decode_bytes", "environment", "run", "ratios",
+__all__ = ["SCHEMA", "SDPA_BACKENDS", "FLASHLIB_IMPLS", "CUDA_NO_BACKWARD", "attention_flops", "decode_bytes", "environment", "run", "ratios",
            "save", "load", "plot", "plot_file", "main"]
 
 DEFAULT_NS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -39,6 +40,11 @@ SCHEMA = "flashlib-bench/1"        # the result file's format; a change to it ge
 # The rows that time torch's SDPA, and the torch.nn.attention.SDPBackend each one forces.
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION"}
+# flashlib's rows: the backend each times. "flashlib-cuda" runs kernel v3 (mma.sync) for float16/bfloat16
+# and v1 for float32 (flashlib.kernels.cuda.pick_version); it has no CUDA C++ backward (see CUDA_NO_BACKWARD).
+FLASHLIB_IMPLS = {"flashlib": "triton", "flashlib-cuda": "cuda"}
+CUDA_NO_BACKWARD = ("not timed: backend='cuda' has no CUDA C++ backward yet; its backward is the Triton "
+                    "kernel's, timed in row 'flashlib'")
 TIMES = ("fwd_ms", "bwd_ms", "decode_ms")          # what a row measures, in milliseconds per call
 DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}     # bench dtypes and their bytes per element
 DEFAULT_TIMER = "triton.testing.do_bench(return_mode='median')"
@@ -140,16 +146,18 @@ def _backward(fn, q, k, v, do):
     return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
 
 
-def _time_impl(timer, fn, dec, qkv_do, context, refusals) -> tuple[dict, dict]:
+def _time_impl(timer, fn, dec, qkv_do, context, refusals, untimed=None) -> tuple[dict, dict]:
     """Forward, backward and decode times of one implementation (``context`` forces its SDPA
-    backend), and why any of them is missing."""
+    backend), and why any of them is missing (``untimed``: ``{time: why}`` not to time at all)."""
     import torch
     q, k, v, do = qkv_do
     calls = {"fwd_ms": lambda: timer(lambda: fn(q, k, v)),
              "bwd_ms": lambda: timer(_backward(fn, q, k, v, do)),
              "decode_ms": lambda: timer(dec)}
-    times, why = dict.fromkeys(TIMES), {}
+    times, why = dict.fromkeys(TIMES), dict(untimed or {})
     for key, call in calls.items():
+        if key in why:
+            continue
         if key == "bwd_ms" and times["fwd_ms"] is None:
             why[key] = "not timed: the forward has no time"
             continue
@@ -237,15 +245,17 @@ def _with_throughput(row: dict, config: dict) -> dict:
 
 
 def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype="float16", causal=False,
-        device="cuda", timer: Callable | None = None, progress=True) -> dict:
-    """Time forward, backward and decode of "flashlib" (Triton), torch SDPA forced to each of its
-    backends ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient") and "naive" at each N.
+        device="cuda", timer: Callable | None = None, progress=True, cuda=True) -> dict:
+    """Time forward, backward and decode of "flashlib" (the Triton kernels), "flashlib-cuda" (the CUDA
+    C++ kernels, forward and decode; unless ``cuda=False``), torch SDPA forced to each of its backends
+    ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient") and "naive" at each N.
 
     Returns ``{"environment": environment(device), "config": {"ns", "batch", "heads", "kv_heads",
     "head_dim", "dtype", "causal", "timer"}, "rows": [{"n", "impl", "fwd_ms", "bwd_ms", "decode_ms",
     "why", "fwd_tflops", "bwd_tflops", "decode_gbs"}]}``. A time is None where the implementation ran
-    out of memory or an SDPA backend refused the shape or dtype; ``why`` maps each such time to the
-    reason (nothing is dropped silently). SDPA gets K and V already expanded to H heads (outside the
+    out of memory, an SDPA backend refused the shape or dtype, or a flashlib backend cannot run here
+    (for example CuPy missing for "flashlib-cuda"); ``why`` maps each such time to the reason (nothing
+    is dropped silently; "flashlib-cuda" has no backward time: :data:`CUDA_NO_BACKWARD`). SDPA gets K and V already expanded to H heads (outside the
     timing). ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench`` (median); tests pass another to
     run the plumbing on a CPU at tiny sizes.
 
@@ -261,13 +271,17 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
                   kv_heads=heads if kv_heads is None else kv_heads, head_dim=head_dim, dtype=dtype,
                   causal=causal, timer=timer_name)
     _check_config(config, "run")
+    if not isinstance(cuda, bool):
+        raise TypeError(f"run: cuda must be a bool (time the 'flashlib-cuda' row or not), got {cuda!r}")
     if timer is None:
         from triton.testing import do_bench
         timer = lambda fn: do_bench(fn, return_mode="median")            # noqa: E731
     env = environment(device)
     kv_heads, dt, group = config["kv_heads"], getattr(torch, dtype), heads // config["kv_heads"]
     sdpa = _sdpa_contexts()
-    attend = {"flashlib": lambda a, b, c: flashlib.attention(a, b, c, causal=causal, backend="triton"),
+    mine = {name: backend for name, backend in FLASHLIB_IMPLS.items() if cuda or backend != "cuda"}
+    attend = {**{name: lambda a, b, c, be=be: flashlib.attention(a, b, c, causal=causal, backend=be)
+                 for name, be in mine.items()},
               **{name: lambda a, b, c: _sdpa(a, b, c, causal) for name in SDPA_BACKENDS},
               "naive": lambda a, b, c: _naive(a, b, c, causal)}
     rows = []
@@ -281,16 +295,18 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
         expanded = (k, v) if group == 1 else (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
         for name, fn in attend.items():
             kk, vv = expanded if name in SDPA_BACKENDS else (k, v)
-            if name == "flashlib":
-                dec = lambda: flashlib.decode(q1, k, v, backend="triton")               # noqa: E731
+            if name in mine:
+                dec = lambda be=mine[name]: flashlib.decode(q1, k, v, backend=be)       # noqa: E731
             else:
                 dec = lambda: fn(q1, kk, vv)                                               # noqa: E731
             context, why_not = sdpa.get(name, (contextlib.nullcontext, None))   # non-SDPA: forces nothing
             if why_not:
                 times, why = dict.fromkeys(TIMES), dict.fromkeys(TIMES, why_not)
             else:
-                refusals = (RuntimeError,) if name in SDPA_BACKENDS else ()
-                times, why = _time_impl(timer, fn, dec, (q, kk, vv, do), context, refusals)
+                # SDPA refusing a shape, or the CUDA backend unable to run here (no CuPy): a reason
+                refusals = (RuntimeError,) if name in SDPA_BACKENDS or name == "flashlib-cuda" else ()
+                untimed = {"bwd_ms": CUDA_NO_BACKWARD} if name == "flashlib-cuda" else None
+                times, why = _time_impl(timer, fn, dec, (q, kk, vv, do), context, refusals, untimed)
             rows.append(_with_throughput({"n": n, "impl": name, **times, "why": why}, config))
     return {"environment": env, "config": config, "rows": rows}
 
@@ -439,6 +455,12 @@ def ratios(results: dict, impl: str = "flashlib") -> list[dict]:
             for r in results["rows"] if r["impl"] in SDPA_BACKENDS and r["n"] in mine]
 
 
+def _flashlib_impls(results: dict) -> list[str]:
+    """flashlib's rows in ``results`` ("flashlib", and "flashlib-cuda" where it was timed)."""
+    present = {r["impl"] for r in results["rows"]}
+    return [impl for impl in FLASHLIB_IMPLS if impl in present]
+
+
 def _title(results: dict) -> str:
     env, c = results["environment"], results["config"]
     where = env["device"]
@@ -453,7 +475,7 @@ def _title(results: dict) -> str:
 
 def plot(results: dict, path=None):
     """Top: forward TFLOP/s, backward TFLOP/s and decode GB/s of each implementation against N; bottom:
-    flashlib's speed relative to each SDPA backend (:func:`ratios`). Titled with where, with what and
+    the speed of flashlib's rows relative to each SDPA backend (:func:`ratios`; dashed: "flashlib-cuda"). Titled with where, with what and
     when it was measured; saved if ``path``.
 
     Explained in: notebooks/07_triton.
@@ -463,17 +485,19 @@ def plot(results: dict, path=None):
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
     panels = (("fwd_tflops", "forward TFLOP/s", "fwd"), ("bwd_tflops", "backward TFLOP/s", "bwd"),
               ("decode_gbs", "decode GB/s (K/V read)", "decode"))
-    speed = ratios(results)
+    speeds = {impl: ratios(results, impl) for impl in _flashlib_impls(results)}
     for (top, bottom), (key, label, short) in zip(axes.T, panels):
         for impl in dict.fromkeys(r["impl"] for r in results["rows"]):
             pts = [(r["n"], r[key]) for r in results["rows"] if r["impl"] == impl and r[key] is not None]
             if pts:
                 top.plot(*zip(*pts), marker="o", label=impl)
         top.set_ylabel(label)
-        for base in SDPA_BACKENDS:
-            pts = [(s["n"], s[short]) for s in speed if s["baseline"] == base and s[short] is not None]
-            if pts:
-                bottom.plot(*zip(*pts), marker="o", label=f"vs {base}")
+        for impl, speed in speeds.items():
+            for color, base in enumerate(SDPA_BACKENDS):
+                pts = [(s["n"], s[short]) for s in speed if s["baseline"] == base and s[short] is not None]
+                if pts:
+                    bottom.plot(*zip(*pts), marker="o", color=f"C{color}",
+                                linestyle="--" if impl == "flashlib-cuda" else "-", label=f"{impl} vs {base}")
         bottom.axhline(1.0, color="gray", linewidth=1)
         bottom.set_ylabel(f"{short}: SDPA time / flashlib time")
         bottom.set_xlabel("sequence length N")
@@ -516,10 +540,11 @@ def format_results(results: dict) -> str:
         w = r["why"]
         lines.append(f"{r['n']:>6} {r['impl']:<15} {f(r['fwd_tflops'], w.get('fwd_ms'))} "
                      f"{f(r['bwd_tflops'], w.get('bwd_ms'))} {f(r['decode_gbs'], w.get('decode_ms'))}")
-    lines += ["", "flashlib's speed against SDPA in the same run (SDPA time / flashlib time; > 1: faster)",
-              f"{'N':>6} {'against':<15} {'fwd':>8} {'bwd':>8} {'decode':>8}"]
-    lines += [f"{s['n']:>6} {s['baseline']:<15} {x(s['fwd'])} {x(s['bwd'])} {x(s['decode'])}"
-              for s in ratios(results)]
+    for impl in _flashlib_impls(results):
+        lines += ["", f"{impl}'s speed against SDPA in the same run (SDPA time / {impl} time; > 1: faster)",
+                  f"{'N':>6} {'against':<15} {'fwd':>8} {'bwd':>8} {'decode':>8}"]
+        lines += [f"{s['n']:>6} {s['baseline']:<15} {x(s['fwd'])} {x(s['bwd'])} {x(s['decode'])}"
+                  for s in ratios(results, impl)]
     notes: dict = {}                  # (impl, reason) -> the measurements it applies to
     for r in results["rows"]:
         for key, why in r["why"].items():
@@ -559,7 +584,7 @@ def main(args) -> int:
             print(f"--save {args.save}: {e}; nothing was run", file=sys.stderr)
             return 2
     results = run(args.n, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
-                  dtype=args.dtype, causal=args.causal)
+                  dtype=args.dtype, causal=args.causal, cuda=not args.no_cuda)
     print(format_results(results))
     if args.save:
         save(results, args.save)
@@ -581,6 +606,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--head-dim", type=int, default=128, help="head dimension d")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float16", help="element type of q, k, v")
     parser.add_argument("--causal", action="store_true", help="time causal attention (bottom-right aligned)")
+    parser.add_argument("--no-cuda", action="store_true",
+                        help="skip the 'flashlib-cuda' row (the CUDA C++ kernels)")
     parser.add_argument("--out", default="flashlib-bench.png", help="plot file ('' for none)")
     parser.add_argument("--save", default=None, metavar="FILE.json",
                         help=f"write every measurement and the environment to FILE.json (schema {SCHEMA}; "

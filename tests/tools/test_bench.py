@@ -64,11 +64,13 @@ def test_run_and_plot_plumbing(tmp_path):
     wall-clock timer. These numbers are never shown: by default run() uses triton.testing.do_bench."""
     res = bench.run((16, 24), batch=1, heads=2, kv_heads=1, head_dim=16, dtype="float32", device=DEVICE,
                     timer=lambda fn: best_time(fn, repeat=1) * 1e3, progress=False)
-    impls = ["flashlib", *bench.SDPA_BACKENDS, "naive"]
+    impls = ["flashlib", "flashlib-cuda", *bench.SDPA_BACKENDS, "naive"]
     assert [(r["n"], r["impl"]) for r in res["rows"]] == [(n, i) for n in (16, 24) for i in impls]
     for r in res["rows"]:
         for key, derived in zip(bench.TIMES, ("fwd_tflops", "bwd_tflops", "decode_gbs")):
-            if r["impl"] in ("flashlib", "naive"):
+            if r["impl"] == "flashlib-cuda" and key == "bwd_ms":     # Triton's backward: not timed twice
+                assert r[key] is None and r["why"][key] == bench.CUDA_NO_BACKWARD
+            elif r["impl"] in ("flashlib", "flashlib-cuda", "naive"):
                 assert r[key] > 0 and r[derived] > 0, (r, key)
             else:                   # an SDPA backend: timed, or refused with the reason kept
                 assert (r[key] > 0 and r[derived] > 0) if r[key] is not None else r["why"][key], (r, key)
@@ -85,7 +87,14 @@ def test_run_and_plot_plumbing(tmp_path):
     assert path.stat().st_size > 1000
     text = bench.format_results(res)
     assert len(text.split("\n\n")[0].splitlines()) == 1 + len(res["rows"])
-    assert ("refused" in text) == any(r["why"] for r in res["rows"])
+    assert ("refused" in text) == any(not why.startswith("not timed")
+                                      for r in res["rows"] for why in r["why"].values())
+    assert "flashlib-cuda's speed against SDPA" in text and "flashlib-cuda bwd: " + bench.CUDA_NO_BACKWARD in text
+    without = bench.run([16], batch=1, heads=2, head_dim=16, dtype="float32", device=DEVICE, cuda=False,
+                        timer=lambda fn: 1.0, progress=False)
+    assert "flashlib-cuda" not in {r["impl"] for r in without["rows"]}
+    with pytest.raises(TypeError, match="run: cuda must be a bool .* got 'no'"):
+        bench.run([16], device=DEVICE, cuda="no", timer=lambda fn: 1.0, progress=False)
     saved = tmp_path / "cpu.json"
     if DEVICE == "cpu":             # a CPU's times are never saved as a result file
         with pytest.raises(ValueError, match="environment.device must be a CUDA GPU's name"):
@@ -227,6 +236,25 @@ def test_format_results_shows_ratios_and_why_times_are_missing(tmp_path):
     assert lines[-2:] == ["  sdpa-flash decode: synthetic refusal", "  sdpa-efficient fwd, bwd: synthetic refusal"]
 
 
+def test_a_flashlib_cuda_row_gets_its_own_ratios_table_and_dashed_lines(tmp_path):
+    """Files from before the CUDA row existed still load (above); one with it shows both of flashlib's
+    rows against SDPA, the CUDA one with no backward time and the reason."""
+    results = synthetic_results(ns=(256,))
+    results["rows"].insert(1, {"n": 256, "impl": "flashlib-cuda", "fwd_ms": 4.0, "bwd_ms": None,
+                               "decode_ms": 1.0, "why": {"bwd_ms": bench.CUDA_NO_BACKWARD}})
+    loaded = bench.load(bench.save(results, tmp_path / "cuda.json"))
+    cuda = {r["baseline"]: r for r in bench.ratios(loaded, "flashlib-cuda")}
+    assert cuda["sdpa-flash"] == {"n": 256, "baseline": "sdpa-flash", "fwd": 0.75, "bwd": None, "decode": None}
+    assert cuda["sdpa-cudnn"]["decode"] == 0.25
+    text = bench.format_results(loaded)
+    assert "flashlib's speed against SDPA" in text and "flashlib-cuda's speed against SDPA" in text
+    assert re.search(r"\n\s*256 flashlib-cuda\s+\S+\s+-\s+\S+\n", text)
+    assert f"  flashlib-cuda bwd: {bench.CUDA_NO_BACKWARD}" in text.splitlines()
+    fig = bench.plot(loaded)
+    styles = {line.get_label(): line.get_linestyle() for ax in fig.axes for line in ax.get_lines()}
+    assert styles["flashlib-cuda vs sdpa-flash"] == "--" and styles["flashlib vs sdpa-flash"] == "-"
+
+
 def test_plot_file_draws_a_labelled_figure_of_a_synthetic_file(tmp_path):
     path = bench.save(synthetic_results(), tmp_path / "synthetic.json")
     out = tmp_path / "synthetic.png"
@@ -237,8 +265,8 @@ def test_plot_file_draws_a_labelled_figure_of_a_synthetic_file(tmp_path):
     assert "commit 0123456789;" in title and "2000-01-01T00:00:00Z" in title and "causal" in title
     ratio_axes = fig.axes[3:]
     assert [ax.get_legend_handles_labels()[1] for ax in ratio_axes] == [
-        ["vs sdpa-flash", "vs sdpa-cudnn"], ["vs sdpa-flash", "vs sdpa-cudnn"],
-        ["vs sdpa-cudnn", "vs sdpa-efficient"]]      # a backend with no time at all is not drawn
+        ["flashlib vs sdpa-flash", "flashlib vs sdpa-cudnn"], ["flashlib vs sdpa-flash", "flashlib vs sdpa-cudnn"],
+        ["flashlib vs sdpa-cudnn", "flashlib vs sdpa-efficient"]]      # a backend with no time at all is not drawn
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine does")
