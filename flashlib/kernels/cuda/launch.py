@@ -30,7 +30,7 @@ from ...tools import toolchain
 from . import build, toolkit
 
 __all__ = ["LaunchSpec", "SMEM_BUDGET", "flat_grid", "v1_launch", "v2_launch", "v3_launch",
-           "decode_launch", "run_emulated", "to_cupy", "run_gpu", "EmulatorError"]
+           "decode_launch", "run_emulated", "nvrtc_options", "to_cupy", "run_gpu", "EmulatorError"]
 
 # Shared memory per block we allow ourselves: the 48 KB every GPU grants without an opt-in
 # (cudaFuncSetAttribute). A T4 could opt into 64 KB; staying at 48 KB keeps one code path everywhere.
@@ -322,6 +322,16 @@ def _include_dirs():
     return None if dirs is None else tuple(dirs)
 
 
+def nvrtc_options(dirs) -> tuple[str, ...]:
+    """The options NVRTC gets for every kernel source on a GPU: C++17, ``csrc`` (for ``ptx.h``) and the
+    CUDA header dirs ``dirs`` (:func:`_include_dirs`). One definition, also used by the CPU test that
+    compiles every kernel with NVRTC (tests/kernels/cuda/test_cuda_nvrtc.py).
+
+    Explained in: notebooks/08_cuda.
+    """
+    return ("-std=c++17", f"-I{build.CSRC}", *(f"-I{d}" for d in dirs))
+
+
 def _gpu_module(cupy, source: str, arch: str):
     """Compile ``source`` for ``arch``: NVRTC with the ``-I`` dirs :mod:`flashlib.kernels.cuda.toolkit` finds
     (dirs that hold every header the kernels include, followed through); else — no such dirs, or
@@ -334,7 +344,7 @@ def _gpu_module(cupy, source: str, arch: str):
     dirs, nvcc = _include_dirs(), toolchain.find_tool("nvcc")
     if dirs is not None:
         mod = cupy.RawModule(code=(build.CSRC / source).read_text(), backend="nvrtc",
-                             options=("-std=c++17", f"-I{build.CSRC}", *(f"-I{d}" for d in dirs)))
+                             options=nvrtc_options(dirs))
         try:
             mod.compile()
             return mod

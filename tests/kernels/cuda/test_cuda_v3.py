@@ -99,6 +99,14 @@ def test_the_sm75_path_m16n8k8_and_plain_loads(shape, causal):
     check(q, k, v, causal, *run_v3(q, k, v, causal, source=SM75))
 
 
+def test_a_bf16_launch_on_the_sm75_path_traps_rather_than_returning_garbage():
+    """sm_75 has no bf16 mma: there the bf16 entry points are a __trap(), so a launch that got past
+    pick_version fails loudly instead of leaving O unwritten."""
+    q, k, v = make(1, 2, 2, 20, 20, 64, torch.bfloat16, seed=4)
+    with pytest.raises(EmulatorError, match=r"__trap\(\) called"):
+        run_v3(q, k, v, False, source=SM75)
+
+
 # derandomize: FlashAttention's rule compares max errors, which for a handful of output elements (d = 1,
 # Nq = 1) is a coin toss that v2 loses as often as v3 (both round P to 16 bits); a fixed draw keeps CI stable.
 @settings(max_examples=8, deadline=None, derandomize=True)

@@ -290,7 +290,8 @@ extern "C" __global__ void __launch_bounds__(fa2v3::THREADS, 1) fa2_fwd_v3_f16_d
 #if FA2V3_SM80
 #define FA2V3_BF16(D) FA2V3_CALL(__nv_bfloat16, D)
 #else
-#define FA2V3_BF16(D)                                // sm_75: no bf16 mma; flashlib does not launch these there
+#define FA2V3_BF16(D) __trap();                      // sm_75: no bf16 mma; pick_version never launches these
+                                                     // there, and a launch that did would fail, not return garbage
 #endif
 extern "C" __global__ void __launch_bounds__(fa2v3::THREADS, 1) fa2_fwd_v3_bf16_d32(FA2V3_ARGS(__nv_bfloat16)) { FA2V3_BF16(32); }
 extern "C" __global__ void __launch_bounds__(fa2v3::THREADS, 1) fa2_fwd_v3_bf16_d64(FA2V3_ARGS(__nv_bfloat16)) { FA2V3_BF16(64); }
