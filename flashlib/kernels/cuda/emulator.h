@@ -37,6 +37,10 @@
 //     runs in the issuing thread: read before that, the destination still holds its old bytes (0xFF
 //     fill = NaN, or the previous tile). __syncthreads does not complete copies (as on the GPU); a
 //     thread that ends with copies never waited for is reported.
+//   * Shared-memory bank conflicts of ldmatrix, counted where FLASHLIB_EMU_COUNTERS names a file: each
+//     8x8 matrix an ldmatrix reads is one request of eight 16-byte rows; it takes as many wavefronts as
+//     the most distinct 4-byte words any one of the 32 banks (word address mod 32) must serve. 1: no
+//     conflict; 8: every row in the same banks. Totals per call site are written at exit (runner.cpp).
 //   * __half / __nv_bfloat16 with round-to-nearest-even conversions; the float math and bit-cast
 //     intrinsics the kernels use (expf, __expf, exp2f, logf, fmaxf, rsqrtf, __int_as_float, ...).
 //
@@ -193,6 +197,7 @@ struct Warp {
     int layout[2][32];
     float frag[2][32][12];    // PTX mma: each lane's A and B registers, unpacked to float
     uint16_t row[2][32][8];   // PTX ldmatrix: the 16-byte row each lane's address points at
+    uintptr_t row_addr[2][32];  // ... and that address (bank-conflict counting)
 };
 
 struct LaunchState {
@@ -654,6 +659,41 @@ inline void mma(const char* what, float (&d)[4], const uint32_t* a, const uint32
     for (int i = 0; i < 4; ++i) d[i] = out[i];    // d may alias c
 }
 
+// Bank-conflict counters (FLASHLIB_EMU_COUNTERS): per (instruction, call site), requests and wavefronts.
+struct SmemCount { unsigned long requests = 0, wavefronts = 0; };
+inline std::mutex g_count_m;
+inline std::map<std::pair<std::string, std::string>, SmemCount> g_counts;
+inline bool counting() {
+    static const bool on = std::getenv("FLASHLIB_EMU_COUNTERS") != nullptr;
+    return on;
+}
+
+// Wavefronts one request of eight 16-byte rows (one ldmatrix matrix) needs: the most distinct 4-byte
+// words that fall in any one of the 32 banks (CUDA C++ Programming Guide, "Shared Memory": successive
+// 32-bit words go to successive banks; distinct words in one bank are served one after another).
+inline int wavefronts_of_rows(const uintptr_t* rows) {
+    uintptr_t words[32];
+    int n = 0;
+    for (int l = 0; l < 8; ++l)
+        for (int j = 0; j < 4; ++j) {
+            const uintptr_t w = rows[l] / 4 + j;
+            if (std::find(words, words + n, w) == words + n) words[n++] = w;
+        }
+    int per_bank[32] = {}, most = 0;
+    for (int i = 0; i < n; ++i) most = std::max(most, ++per_bank[words[i] % 32]);
+    return most;
+}
+
+inline void write_counts() {
+    const char* path = std::getenv("FLASHLIB_EMU_COUNTERS");
+    if (path == nullptr) return;
+    std::FILE* f = std::fopen(path, "w");
+    if (f == nullptr) fail("could not write the counters to %s", path);
+    for (const auto& [key, c] : g_counts)
+        std::fprintf(f, "%s\t%s\t%lu\t%lu\n", key.first.c_str(), key.second.c_str(), c.requests, c.wavefronts);
+    std::fclose(f);
+}
+
 template <int X, bool TRANS>
 inline void ldmatrix(const char* what, uint32_t* r, const void* row, const std::source_location& loc) {
     Warp& W = my_warp();
@@ -669,8 +709,19 @@ inline void ldmatrix(const char* what, uint32_t* r, const void* row, const std::
     // Each lane reads the row it points at before the warp meets, so that no lane touches shared
     // memory after the collective returns (as on the GPU, where the warp's loads are done by then).
     const unsigned set = t_coll++ & 1u;
-    if (lane < 8 * X) std::memcpy(W.row[set][lane], row, 16);
+    if (lane < 8 * X) {
+        std::memcpy(W.row[set][lane], row, 16);
+        W.row_addr[set][lane] = reinterpret_cast<uintptr_t>(row);
+    }
     W.bar.arrive(what, loc, true, "warp");
+    if (lane == 0 && counting()) {
+        unsigned long waves = 0;
+        for (int i = 0; i < X; ++i) waves += wavefronts_of_rows(&W.row_addr[set][8 * i]);
+        std::lock_guard<std::mutex> g(g_count_m);
+        SmemCount& c = g_counts[{what, where(loc)}];
+        c.requests += X;
+        c.wavefronts += waves;
+    }
     for (int i = 0; i < X; ++i) {
         uint32_t v = 0;
         for (int h = 0; h < 2; ++h) {

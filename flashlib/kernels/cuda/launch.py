@@ -255,7 +255,8 @@ def plan_text(specs, sizes: dict[str, int], inputs: dict[str, str], outputs: dic
     return "\n".join(lines) + "\n"
 
 
-def run_emulated(specs, buffers: dict, outputs, *, sanitizer=None, source=None, timeout=None):
+def run_emulated(specs, buffers: dict, outputs, *, sanitizer=None, source=None, timeout=None,
+                 counters: dict | None = None):
     """Run ``specs`` in the emulator on CPU tensors; fill the tensors named in ``outputs`` in place.
 
     Args:
@@ -265,6 +266,9 @@ def run_emulated(specs, buffers: dict, outputs, *, sanitizer=None, source=None, 
         outputs: names of buffers to copy back.
         sanitizer: None, "address" or "thread".
         source: override the source (a path or ``(name, text)``), e.g. a planted bug.
+        counters: a dict to fill with the shared-memory bank conflicts the emulator counted:
+            ``{(instruction, "file:line"): {"requests", "wavefronts"}}`` for each ldmatrix call site (a
+            request is one 8x8 matrix, eight 16-byte rows; ``wavefronts == requests``: conflict-free).
 
     Raises:
         EmulatorError: the child failed; the message quotes the first lines of its report.
@@ -291,6 +295,9 @@ def run_emulated(specs, buffers: dict, outputs, *, sanitizer=None, source=None, 
         env = dict(os.environ)
         env.setdefault("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0")
         env.setdefault("TSAN_OPTIONS", "halt_on_error=1:second_deadlock_stack=1")
+        env.pop("FLASHLIB_EMU_COUNTERS", None)
+        if counters is not None:
+            env["FLASHLIB_EMU_COUNTERS"] = str(tmp / "counters.tsv")
         proc = subprocess.run([str(exe)], input=plan_text(specs, sizes, inputs, outs), text=True,
                               capture_output=True, env=env, timeout=timeout)
         report = proc.stderr
@@ -299,6 +306,10 @@ def run_emulated(specs, buffers: dict, outputs, *, sanitizer=None, source=None, 
             head = "\n".join(lines[:12])
             raise EmulatorError(f"emulator run of {', '.join(s.kernel for s in specs)} failed "
                                 f"(exit {proc.returncode}, sanitizer={sanitizer}):\n{head}", report)
+        if counters is not None:
+            for line in (tmp / "counters.tsv").read_text().splitlines():
+                what, site, requests, waves = line.split("\t")
+                counters[(what, site)] = {"requests": int(requests), "wavefronts": int(waves)}
         for name in outputs:
             t = buffers[name]
             data = pathlib.Path(outs[name]).read_bytes()

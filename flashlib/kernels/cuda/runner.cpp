@@ -83,5 +83,6 @@ int main() {
         }
     }
     for (auto& [id, b] : bufs) std::free(b.first);
+    emu::write_counts();
     return 0;
 }

@@ -30,9 +30,9 @@ def _gxx():
     require_tool("g++")
 
 
-def run(kernel, block, args, buffers, outputs, *, smem=0, sanitizer=None):
+def run(kernel, block, args, buffers, outputs, *, smem=0, sanitizer=None, counters=None):
     spec = LaunchSpec(SRC.name, kernel, (1, 1, 1), (block, 1, 1), smem, tuple(args), "test")
-    launch.run_emulated([spec], buffers, outputs, sanitizer=sanitizer, source=SRC)
+    launch.run_emulated([spec], buffers, outputs, sanitizer=sanitizer, source=SRC, counters=counters)
 
 
 def bits16(x, dtype):
@@ -101,11 +101,11 @@ def ldmatrix_regs(rows, perm, x, trans):
 
 
 # ---- ldmatrix -------------------------------------------------------------------------------------
-def run_ldmatrix(rows, perm, which):
+def run_ldmatrix(rows, perm, which, counters=None):
     out = torch.zeros(32 * 4, dtype=torch.int32)
     run("ptx_ldmatrix", 32, [("buf", "rows"), ("buf", "perm"), ("buf", "out"), ("i32", which)],
         {"rows": torch.as_tensor(rows.astype(np.int16)), "perm": torch.as_tensor(perm.astype(np.int32)),
-         "out": out}, ["out"], smem=32 * 8 * 2)
+         "out": out}, ["out"], smem=32 * 8 * 2, counters=counters)
     return u32(out).reshape(32, 4).astype(np.int64)
 
 
@@ -135,6 +135,26 @@ def test_ldmatrix_matches_the_isa_table(which):
     got = run_ldmatrix(rows, perm, which)
     assert np.array_equal(got, ldmatrix_regs(rows, perm, x, trans))
     assert not got[:, x:].any()                        # registers the variant does not have stay 0
+
+
+# The shared tile is 32 rows of 16 bytes: row R is words 4R..4R+3, banks 4(R mod 8)..4(R mod 8)+3. Lane L
+# points at row perm[L]; lanes 8i..8i+7 give matrix i's rows. Wavefronts per matrix, worked out by hand:
+BANK_CASES = {
+    "rows 8i..8i+7: 32 banks once": (np.arange(32), 1),
+    "rows i, i+8, i+16, i+24 twice: 4 rows in the same 4 banks": (np.array([(L % 4) * 8 + L // 8 for L in range(32)]), 4),
+    "every lane the same row: one row, a broadcast": (np.zeros(32, int), 1),
+    "rows 2j + 16(i mod 2) (j = 0..7): 2-way": (np.array([2 * (L % 8) + 16 * ((L // 8) % 2) for L in range(32)]), 2),
+}
+
+
+@pytest.mark.parametrize("case", BANK_CASES)
+def test_ldmatrix_bank_conflicts_are_counted_as_worked_out_by_hand(case):
+    perm, waves = BANK_CASES[case]
+    counters = {}
+    run_ldmatrix(np.arange(256).reshape(32, 8), perm, 4, counters)
+    (what, site), = counters
+    assert what == "ldmatrix.x4" and site.endswith("ptx_kernels.cu:22"), counters
+    assert counters[(what, site)] == {"requests": 4, "wavefronts": 4 * waves}
 
 
 # ---- mma.sync -------------------------------------------------------------------------------------

@@ -43,14 +43,14 @@ def make(b, h, hkv, nq, nk, d, dtype, seed=0):
     return [torch.randn(*s, generator=g).to(dtype) for s in ((b, h, nq, d), (b, hkv, nk, d), (b, hkv, nk, d))]
 
 
-def run_v3(q, k, v, causal, *, source=None, sanitizer=None):
+def run_v3(q, k, v, causal, *, source=None, sanitizer=None, counters=None):
     """v3 through launch.run_emulated (optionally another source: the sm_75 path, a planted bug)."""
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     dt = "f16" if q.dtype == torch.float16 else "bf16"
     specs = launch.v3_launch(b, h, hkv, nq, nk, d, d ** -0.5, causal, dt)
     bufs = {"q": q, "k": k, "v": v, "o": torch.empty_like(q), "lse": torch.empty(b, h, nq)}
-    launch.run_emulated(specs, bufs, ["o", "lse"], source=source, sanitizer=sanitizer)
+    launch.run_emulated(specs, bufs, ["o", "lse"], source=source, sanitizer=sanitizer, counters=counters)
     return bufs["o"], bufs["lse"]
 
 
@@ -176,6 +176,29 @@ def test_planted_wrong_ldmatrix_row_for_k_gives_a_wrong_result():
     q, k, v = make(1, 1, 1, 20, 40, 32, torch.float16, seed=8)
     o, _ = run_v3(q, k, v, False, source=bug)
     assert testing.max_error(o.double(), testing.reference_gqa(q, k, v)[0]) > 0.05
+
+
+NO_SWIZZLE = ("const int x = D >= 64 ? (r & 7) : ((r >> 1) & 3);", "const int x = 0;")
+
+
+def ldmatrix_waves(d, source=None):
+    """(requests, wavefronts) of each ldmatrix call site of v3 at head dim d, counted by the emulator."""
+    q, k, v = make(1, 1, 1, 70, 70, d, torch.float16, seed=9)
+    counters = {}
+    check(q, k, v, True, *run_v3(q, k, v, True, source=source, counters=counters))
+    assert {what for what, _ in counters} == {"ldmatrix.x4", "ldmatrix.x4.trans"}, counters
+    return {site: (c["requests"], c["wavefronts"]) for (_, site), c in counters.items()}
+
+
+@pytest.mark.parametrize("d", [32, 64, 128], ids=lambda d: f"d{d}")
+def test_the_swizzle_makes_every_ldmatrix_conflict_free(d):
+    """Q, K and V (.trans) fragments: one wavefront per 8x8 matrix at every call site, as the header
+    claims — and with the swizzle planted away, the same (correct) results cost 4-8 wavefronts."""
+    waves = ldmatrix_waves(d)
+    assert len(waves) == 3 and all(w == r > 0 for r, w in waves.values()), waves
+    plain = ldmatrix_waves(d, source=planted(*NO_SWIZZLE, f"v3_no_swizzle_d{d}"))
+    ways = {site: w / r for site, (r, w) in plain.items()}
+    assert ways and all(x >= (4 if d == 32 else 8) for x in ways.values()), ways
 
 
 def test_planted_missing_wait_before_s_reads_stale_tiles():
