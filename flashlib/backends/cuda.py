@@ -2,8 +2,9 @@
 
 Kernel v1 (scalar) takes float32, v3 (mma.sync tensor cores, S/P/O in registers) float16/bfloat16 —
 v2 (WMMA) on GPUs before sm_75 (:func:`flashlib.kernels.cuda.pick_version`); they size their own tiles.
-There is no CUDA backward kernel: the backward is the "triton" backend's on a GPU and the "reference"
-backend's (NumPy FA2) on a CPU, from the same saved LSE.
+The backward is the CUDA kernels' own (fa2_bwd_v1_mma.cu, :func:`flashlib.kernels.cuda.backward`) for
+float16/bfloat16 at d <= 128; elsewhere (float32, d > 128, a GPU before sm_75) it is the "triton"
+backend's on a GPU and the "reference" backend's (NumPy FA2) on a CPU, from the same saved LSE.
 
 Explained in: notebooks/08_cuda.
 """
@@ -12,7 +13,8 @@ from __future__ import annotations
 from . import reference, triton
 
 DESCRIPTION = ("flashlib/kernels/cuda/csrc CUDA C++ kernels (NVRTC on a GPU, the emulator on CPU): forward "
-               "v1 for float32, v3 mma.sync for float16/bfloat16 (v2 WMMA before sm_75)")
+               "v1 for float32, v3 mma.sync for float16/bfloat16 (v2 WMMA before sm_75); backward "
+               "fa2_bwd_v1_mma for float16/bfloat16 at d <= 128")
 
 
 def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
@@ -27,8 +29,12 @@ def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
 
 
 def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
-    """Backend.backward: the "triton" backend's on a GPU, the "reference" backend's on a CPU.
-    Explained in: notebooks/08_cuda."""
+    """Backend.backward: :func:`flashlib.kernels.cuda.backward` where it applies
+    (:func:`flashlib.kernels.cuda.backward_supported`), else the "triton" backend's on a GPU and the
+    "reference" backend's on a CPU. Explained in: notebooks/08_cuda."""
+    from ..kernels import cuda
+    if cuda.backward_supported(q) is None:
+        return cuda.backward(q, k, v, o, lse, do, causal=causal, scale=scale)
     other = triton if q.device.type == "cuda" else reference
     return other.backward(q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32)
 

@@ -41,10 +41,11 @@ SCHEMA = "flashlib-bench/1"        # the result file's format; a change to it ge
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION"}
 # flashlib's rows: the backend each times. "flashlib-cuda" runs kernel v3 (mma.sync) for float16/bfloat16
-# and v1 for float32 (flashlib.kernels.cuda.pick_version); it has no CUDA C++ backward (see CUDA_NO_BACKWARD).
+# and v1 for float32 (flashlib.kernels.cuda.pick_version), and the CUDA backward (fa2_bwd_v1_mma) where it
+# applies; where it does not (float32, d > 128) the backend's backward is Triton's, not timed twice.
 FLASHLIB_IMPLS = {"flashlib": "triton", "flashlib-cuda": "cuda"}
-CUDA_NO_BACKWARD = ("not timed: backend='cuda' has no CUDA C++ backward yet; its backward is the Triton "
-                    "kernel's, timed in row 'flashlib'")
+CUDA_NO_BACKWARD = ("not timed: backend='cuda' takes the Triton kernel's backward here, timed in row "
+                    "'flashlib'")
 TIMES = ("fwd_ms", "bwd_ms", "decode_ms")          # what a row measures, in milliseconds per call
 DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}     # bench dtypes and their bytes per element
 DEFAULT_TIMER = "triton.testing.do_bench(return_mode='median')"
@@ -255,7 +256,8 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
     "why", "fwd_tflops", "bwd_tflops", "decode_gbs"}]}``. A time is None where the implementation ran
     out of memory, an SDPA backend refused the shape or dtype, or a flashlib backend cannot run here
     (for example CuPy missing for "flashlib-cuda"); ``why`` maps each such time to the reason (nothing
-    is dropped silently; "flashlib-cuda" has no backward time: :data:`CUDA_NO_BACKWARD`). SDPA gets K and V already expanded to H heads (outside the
+    is dropped silently; "flashlib-cuda" has no backward time where its backward is Triton's:
+    :data:`CUDA_NO_BACKWARD`). SDPA gets K and V already expanded to H heads (outside the
     timing). ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench`` (median); tests pass another to
     run the plumbing on a CPU at tiny sizes.
 
@@ -305,7 +307,11 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
             else:
                 # SDPA refusing a shape, or the CUDA backend unable to run here (no CuPy): a reason
                 refusals = (RuntimeError,) if name in SDPA_BACKENDS or name == "flashlib-cuda" else ()
-                untimed = {"bwd_ms": CUDA_NO_BACKWARD} if name == "flashlib-cuda" else None
+                untimed = None
+                if name == "flashlib-cuda":
+                    from ..kernels import cuda as cuda_kernels
+                    why_not = cuda_kernels.backward_supported(q)
+                    untimed = None if why_not is None else {"bwd_ms": f"{CUDA_NO_BACKWARD} ({why_not})"}
                 times, why = _time_impl(timer, fn, dec, (q, kk, vv, do), context, refusals, untimed)
             rows.append(_with_throughput({"n": n, "impl": name, **times, "why": why}, config))
     return {"environment": env, "config": config, "rows": rows}

@@ -185,3 +185,66 @@ def test_decode_with_100000_sequences():
         testing.assert_close(o[i:i + 1].double(), ro, atol=2e-3, rtol=0, name=f"o[{i}]")
         testing.assert_close(lse[i:i + 1], rl, atol=2e-5, rtol=1e-5, name=f"lse[{i}]")
     assert not torch.isnan(o).any()
+
+
+# ---- the CUDA backward (fa2_bwd_v1_mma.cu) ----------------------------------------------------------
+BWD_SHAPES = [
+    (1, 2, 1, 37, 45, 40),       # MQA, Nq < Nk
+    (2, 4, 2, 45, 17, 111),      # GQA, Nq > Nk: causal rows that see nothing; element copies
+    (1, 4, 4, 130, 130, 128),    # BQ = 16, BKV = 32: many tiles
+    (1, 1, 1, 1, 1, 64),
+    (1, 4, 2, 1000, 1000, 128),  # N ~ 1000: the grid and tile counts of real calls
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", BWD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_cuda_backward_follows_the_flashattention_rule(shape, causal, dtype):
+    """fc.backward on the GPU: 3x plain same-dtype torch for dq, dk, dv; never NaN."""
+    if fc.backward_supported(torch.empty(1, 1, 1, shape[-1], dtype=dtype, device=DEVICE)) is not None:
+        pytest.skip("this GPU cannot run the CUDA backward at this dtype (sm_75 fp16, sm_80 bf16)")
+    q, k, v = make(*shape, dtype, seed=21)
+    do = torch.randn_like(q)
+    o, lse = fc.forward(q, k, v, causal=causal)
+    grads = fc.backward(q, k, v, o, lse, do, causal=causal)
+    testing.assert_attention_right(q, k, v, do, causal=causal, grads=grads, floor=1e-5)
+    assert all(not torch.isnan(x).any() for x in grads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_cuda_backward_is_bit_for_bit_deterministic(dtype):
+    """No atomics anywhere: two backward passes at N ~ 1000, d = 128, GQA give identical bits."""
+    if fc.backward_supported(torch.empty(1, 1, 1, 128, dtype=dtype, device=DEVICE)) is not None:
+        pytest.skip("this GPU cannot run the CUDA backward at this dtype")
+    q, k, v = make(2, 8, 2, 1031, 997, 128, dtype, seed=22)
+    do = torch.randn_like(q)
+    o, lse = fc.forward(q, k, v, causal=True)
+    first = fc.backward(q, k, v, o, lse, do, causal=True)
+    second = fc.backward(q, k, v, o, lse, do, causal=True)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_backend_cuda_gradients_come_from_the_cuda_backward(monkeypatch):
+    """flashlib.attention(backend="cuda") on the GPU calls the CUDA backward at fp16, d <= 128."""
+    calls = []
+    real = fc.backward
+    monkeypatch.setattr(fc, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = make(1, 4, 2, 300, 257, 64, torch.float16, seed=23, requires_grad=True)
+    o = flashlib.attention(q, k, v, causal=True, backend="cuda")
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    assert calls == [1]
+    testing.assert_attention_right(q, k, v, do, causal=True, grads=grads, floor=1e-5)
+
+
+def test_cuda_backward_with_100000_sequences():
+    """The dK/dV and dQ grids are flat like the forward's: B = 100,000 launches."""
+    q, k, v = make(100_000, 1, 1, 16, 16, 64, torch.float16, seed=24)
+    do = torch.randn_like(q)
+    o, lse = fc.forward(q, k, v, causal=True)
+    dq, dk, dv = fc.backward(q, k, v, o, lse, do, causal=True)
+    torch.cuda.synchronize()
+    idx = torch.tensor(SAMPLE, device=DEVICE)
+    testing.assert_attention_right(q[idx], k[idx], v[idx], do[idx], causal=True,
+                                   grads=(dq[idx], dk[idx], dv[idx]), floor=1e-5)

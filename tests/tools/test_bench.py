@@ -68,8 +68,9 @@ def test_run_and_plot_plumbing(tmp_path):
     assert [(r["n"], r["impl"]) for r in res["rows"]] == [(n, i) for n in (16, 24) for i in impls]
     for r in res["rows"]:
         for key, derived in zip(bench.TIMES, ("fwd_tflops", "bwd_tflops", "decode_gbs")):
-            if r["impl"] == "flashlib-cuda" and key == "bwd_ms":     # Triton's backward: not timed twice
-                assert r[key] is None and r["why"][key] == bench.CUDA_NO_BACKWARD
+            if r["impl"] == "flashlib-cuda" and key == "bwd_ms":     # float32: Triton's backward, not timed twice
+                assert r[key] is None and r["why"][key].startswith(bench.CUDA_NO_BACKWARD)
+                assert "takes float16 and bfloat16, not float32" in r["why"][key]
             elif r["impl"] in ("flashlib", "flashlib-cuda", "naive"):
                 assert r[key] > 0 and r[derived] > 0, (r, key)
             else:                   # an SDPA backend: timed, or refused with the reason kept
@@ -90,6 +91,9 @@ def test_run_and_plot_plumbing(tmp_path):
     assert ("refused" in text) == any(not why.startswith("not timed")
                                       for r in res["rows"] for why in r["why"].values())
     assert "flashlib-cuda's speed against SDPA" in text and "flashlib-cuda bwd: " + bench.CUDA_NO_BACKWARD in text
+    half = bench.run([16], batch=1, heads=2, head_dim=16, dtype="float16", device=DEVICE, timer=lambda fn: 1.0,
+                     progress=False)                         # fp16: the CUDA backward is timed
+    assert all(r["bwd_ms"] == 1.0 for r in half["rows"] if r["impl"] in ("flashlib", "flashlib-cuda")), half
     without = bench.run([16], batch=1, heads=2, head_dim=16, dtype="float32", device=DEVICE, cuda=False,
                         timer=lambda fn: 1.0, progress=False)
     assert "flashlib-cuda" not in {r["impl"] for r in without["rows"]}

@@ -7,10 +7,11 @@ changed, where the idea comes from, its limits and how to run it):
 * ``fa2_fwd_v2_wmma.cu`` — v2, the same on tensor cores (WMMA 16x16x16, fp16, bf16 on sm_80+);
 * ``fa2_fwd_v3_mma.cu`` — v3, mma.sync/ldmatrix/cp.async as inline PTX (``ptx.h``), S, P and O in
   registers (fp16 on sm_75+, bf16 on sm_80+): what float16/bfloat16 run by default;
-* ``decode_splitkv.cu`` — Flash-Decoding: split-KV partial attention, then a combine kernel.
+* ``decode_splitkv.cu`` — Flash-Decoding: split-KV partial attention, then a combine kernel;
+* ``fa2_bwd_v1_mma.cu`` — the backward (dQ, dK, dV) in v3's style, fp16/bf16, d <= 128.
 
 Entry points (what ``flashlib.attention(..., backend="cuda")`` and ``flashlib.decode`` call):
-:func:`forward`, :func:`decode`, :func:`compile_rows`, and :func:`source` to show a kernel's code.
+:func:`forward`, :func:`backward`, :func:`decode`, :func:`compile_rows`, and :func:`source` to show a kernel's code.
 CUDA tensors run on the GPU (NVRTC through CuPy); CPU tensors run in the emulator (``emulator.h``),
 optionally under AddressSanitizer or ThreadSanitizer.
 
@@ -26,11 +27,11 @@ from ...tools import toolchain
 from . import build, launch
 from .launch import EmulatorError, LaunchSpec
 
-__all__ = ["forward", "decode", "pick_version", "compile_rows", "compile_configs", "prebuild", "source", "SOURCES", "ARCHS",
+__all__ = ["forward", "backward", "backward_supported", "decode", "pick_version", "compile_rows", "compile_configs", "prebuild", "source", "SOURCES", "ARCHS",
            "LaunchSpec", "EmulatorError", "build", "launch"]
 
 SOURCES = {"v1": "fa2_fwd_v1_scalar.cu", "v2": "fa2_fwd_v2_wmma.cu", "v3": "fa2_fwd_v3_mma.cu",
-           "decode": "decode_splitkv.cu"}
+           "decode": "decode_splitkv.cu", "bwd": "fa2_bwd_v1_mma.cu"}
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 _VERSION_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16"), "v3": ("float16", "bfloat16")}
 # The oldest GPU each version runs on, and for bfloat16 (major, minor); the emulator runs them all.
@@ -190,6 +191,79 @@ def forward(q, k, v, *, causal=False, scale=None, version=None, sanitizer=None):
     return (o, lse) if q_torch else (o.numpy(), lse.numpy())
 
 
+def backward_supported(q) -> str | None:
+    """None where :func:`backward` takes ``q``'s dtype, head dim and GPU; else why not (float32, d > 128,
+    a GPU before sm_75, bfloat16 before sm_80) — the CUDA backend then takes another backward.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_bwd.py.
+    """
+    dtype, d = _dtype_name(q), q.shape[-1]
+    if dtype not in ("float16", "bfloat16"):
+        return f"the CUDA backward takes float16 and bfloat16, not {dtype}"
+    if d > launch.BWD_HEAD_DIMS[-1]:
+        return f"the CUDA backward supports head dims up to {launch.BWD_HEAD_DIMS[-1]}, not {d}"
+    if q.device.type == "cuda":
+        cap = _torch().cuda.get_device_capability(q.device)
+        if cap < (7, 5) or (dtype == "bfloat16" and cap < (8, 0)):
+            return (f"the CUDA backward needs sm_75 (float16) or sm_80 (bfloat16); this GPU is "
+                    f"sm_{cap[0]}{cap[1]}")
+    return None
+
+
+def backward(q, k, v, o, lse, do, *, causal=False, scale=None, sanitizer=None):
+    """FlashAttention-2 backward with flashlib's CUDA kernels (fa2_bwd_v1_mma.cu); ``(dq, dk, dv)``.
+
+    Args:
+        q ``(B, H, Nq, d)``; k, v ``(B, Hkv, Nk, d)``, H % Hkv == 0 (dk, dv sum over each GQA group);
+            o, do like q; lse ``(B, H, Nq)`` float32 from :func:`forward`. float16 or bfloat16 torch
+            tensors (CPU: the emulator; CUDA: NVRTC), d <= 128.
+        causal, scale: as the forward that made o and lse. sanitizer: CPU emulator only.
+
+    Returns:
+        ``dq`` like q, ``dk`` and ``dv`` like k and v. Rows that saw no key give dq = 0 and add nothing.
+
+    Raises:
+        TypeError/ValueError naming the argument (dtype, head dim, a shape that does not match q's, a
+        GPU that cannot run it); RuntimeError naming a missing tool; :class:`EmulatorError`.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_bwd.py.
+    """
+    torch = _torch()
+    for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_tensors(q, k, v)
+    b, h, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    why = backward_supported(q)
+    if why is not None:
+        raise (ValueError if "head dims" in why else TypeError)(f"q: {why}")
+    for name, x in (("o", o), ("do", do)):
+        if x.shape != q.shape or x.dtype != q.dtype or x.device != q.device:
+            raise ValueError(f"{name} must match q: shape {tuple(q.shape)}, {q.dtype} on {q.device}; got "
+                             f"shape {tuple(x.shape)}, {x.dtype} on {x.device}")
+    if lse.shape != (b, h, nq) or lse.dtype != torch.float32 or lse.device != q.device:
+        raise ValueError(f"lse must be float32 of shape {(b, h, nq)} on {q.device} (forward's lse); got "
+                         f"{lse.dtype} of shape {tuple(lse.shape)} on {lse.device}")
+    _check_sanitizer(sanitizer, q.device.type)
+    scale = check_scale(scale, d)
+    short = "f16" if q.dtype == torch.float16 else "bf16"
+    specs = launch.bwd_launch(b, h, hkv, nq, nk, d, scale, bool(causal), short)
+    q, k, v, o, do, lse = (x.detach().contiguous() for x in (q, k, v, o, do, lse))
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)   # no rows: zeros
+    bufs = {"q": q, "k": k, "v": v, "o": o, "do": do, "lse": lse,
+            "delta": torch.empty((b, h, nq), dtype=torch.float32, device=q.device), "dq": dq, "dk": dk, "dv": dv}
+    if not specs:
+        return dq, dk, dv
+    if q.device.type == "cuda":
+        launch.run_gpu(specs, bufs)
+    else:
+        launch.run_emulated(specs, bufs, ["dq", "dk", "dv"], sanitizer=sanitizer)
+    return dq, dk, dv
+
+
 def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal=False, sanitizer=None):
     """Flash-Decoding with flashlib's CUDA kernels: split-KV partials, then a combine; ``(o, lse)``.
 
@@ -241,7 +315,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal
 
 
 def compile_configs():
-    """The (version, LaunchSpec) pairs the compile report covers: each kernel at d = 64, 128 and 256.
+    """The (version, LaunchSpec) pairs the compile report covers: each forward kernel at d = 64, 128 and
+    256, the backward ("bwd": delta, dK/dV, dQ) at d = 64 and 128, decode at d = 128.
 
     Explained in: notebooks/08_cuda.
     Tested in: tests/kernels/cuda/test_cuda_compile.py.
@@ -252,6 +327,9 @@ def compile_configs():
         for dt in ("f16", "bf16"):
             out += [("v2", s) for s in launch.v2_launch(1, 1, 1, 128, 128, d, 1.0, True, dt)]
             out += [("v3", s) for s in launch.v3_launch(1, 1, 1, 128, 128, d, 1.0, True, dt)]
+            if d <= launch.BWD_HEAD_DIMS[-1]:
+                out += [("bwd", s) for s in launch.bwd_launch(1, 1, 1, 128, 128, d, 1.0, True, dt)
+                        if "delta" not in s.kernel or d == 64]          # delta has no head-dim bucket
     for dt in ("f32", "f16", "bf16"):
         out += [("decode", s) for s in launch.decode_launch(1, 1, 1, 1, 1024, 128, 1.0, False, 4, dt)]
     return out
@@ -266,7 +344,7 @@ def compile_rows(archs=ARCHS) -> list[dict]:
     ``nvcc -cubin -arch=<arch> --resource-usage``; ``shared_bytes`` is the kernel's static shared memory
     plus the dynamic bytes its LaunchSpec asks for; ``mma_instructions`` counts HMMA/HGMMA,
     ``ldsm_instructions`` LDSM (ldmatrix) and ``ldgsts_instructions`` LDGSTS (cp.async) in
-    ``cuobjdump -sass``. bf16 v2 and v3 rows are omitted on sm_75 (no bf16 tensor cores there; those
+    ``cuobjdump -sass``. bf16 v2, v3 and backward rows are omitted on sm_75 (no bf16 tensor cores there; those
     kernel bodies compile to nothing). Raises RuntimeError naming the
     tool when nvcc or cuobjdump is missing.
 
@@ -288,7 +366,7 @@ def compile_rows(archs=ARCHS) -> list[dict]:
                 pass                                  # reported per row below
     for arch in archs:
         for version, spec in compile_configs():
-            if arch == "sm_75" and "_bf16" in spec.kernel and version in ("v2", "v3"):
+            if arch == "sm_75" and "_bf16" in spec.kernel and version in ("v2", "v3", "bwd"):
                 continue                              # no bf16 tensor cores before sm_80: empty kernels
             row = {"backend": "cuda", "kernel": spec.kernel, "config": spec.config, "arch": arch,
                    "compiler": compiler, "ok": False,

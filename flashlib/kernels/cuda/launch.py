@@ -29,7 +29,7 @@ from ...hardware import flat_programs
 from ...tools import toolchain
 from . import build, toolkit
 
-__all__ = ["LaunchSpec", "SMEM_BUDGET", "flat_grid", "v1_launch", "v2_launch", "v3_launch",
+__all__ = ["LaunchSpec", "SMEM_BUDGET", "flat_grid", "v1_launch", "v2_launch", "v3_launch", "bwd_tile", "bwd_launch",
            "decode_launch", "run_emulated", "nvrtc_options", "to_cupy", "run_gpu", "EmulatorError"]
 
 # Shared memory per block we allow ourselves: the 48 KB every GPU grants without an opt-in
@@ -48,6 +48,14 @@ V3_WARPS = build.cu_constant(_V3_SOURCE, "THREADS") // 32
 V3_HEAD_DIMS = tuple(sorted({int(m) for m in re.findall(r"^fa2_fwd_v3_f16_d(\d+)$", "\n".join(
     build.kernel_names((build.CSRC / _V3_SOURCE).read_text())), re.M)}))
 V3_BC = {dim: build.cu_constant(_V3_SOURCE, f"V3_BC_D{dim}") for dim in V3_HEAD_DIMS}
+# The backward (fa2_bwd_v1_mma.cu): head-dim buckets read from its kernel names; per bucket, query rows
+# per tile of the dK/dV kernel (BWD_BQ_D<D>) and keys per tile of the dQ kernel (BWD_BKV_D<D>).
+BWD_SOURCE = "fa2_bwd_v1_mma.cu"
+BWD_WARPS = build.cu_constant(BWD_SOURCE, "THREADS") // 32
+BWD_HEAD_DIMS = tuple(sorted({int(m) for m in re.findall(r"^fa2_bwd_v1_dq_f16_d(\d+)$", "\n".join(
+    build.kernel_names((build.CSRC / BWD_SOURCE).read_text())), re.M)}))
+BWD_BQ = {dim: build.cu_constant(BWD_SOURCE, f"BWD_BQ_D{dim}") for dim in BWD_HEAD_DIMS}
+BWD_BKV = {dim: build.cu_constant(BWD_SOURCE, f"BWD_BKV_D{dim}") for dim in BWD_HEAD_DIMS}
 # Every kernel here flattens its (block, head, batch) index into blockIdx.x and decodes it in the kernel,
 # so that any B x H that fits in memory launches (with H in y and B in z, B = 100,000 sequences could
 # not): flashlib.hardware.CUDA_GRID_MAX holds CUDA's limits.
@@ -181,6 +189,56 @@ def v3_launch(b, h, hkv, nq, nk, d, scale, causal, dtype: str) -> list[LaunchSpe
                        (32 * V3_WARPS, 1, 1), smem,
                        _forward_args(h, hkv, nq, nk, d, scale, causal),
                        f"{dtype} d={d} D={dim} BR={br} BC={bc}")]
+
+
+# ---- the backward: mma.sync fp16/bf16 -------------------------------------------------------------
+def bwd_tile(d: int) -> tuple[int, int, int, int, int]:
+    """``(D, BQ, BKV, dK/dV shared bytes, dQ shared bytes)`` for the backward at head dim d: D the
+    smallest bucket (:data:`BWD_HEAD_DIMS`) >= d; the dK/dV kernel holds 64 keys of K and V and a tile
+    of BQ query rows of Q and dO (with their LSE and D_i in fp32), the dQ kernel 64 query rows of Q and
+    dO and a tile of BKV keys of K and V; all 16-bit, swizzled, no padding.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_bwd.py.
+    """
+    dim = next((x for x in BWD_HEAD_DIMS if x >= d), None)
+    if dim is None or d < 1:
+        raise ValueError(f"head dim d={d}: the CUDA backward supports 1 <= d <= {BWD_HEAD_DIMS[-1]}")
+    rows = 16 * BWD_WARPS
+    bq, bkv = BWD_BQ[dim], BWD_BKV[dim]
+    dkdv_smem, dq_smem = (2 * rows + 2 * bq) * dim * 2 + 8 * bq, (2 * rows + 2 * bkv) * dim * 2
+    if max(dkdv_smem, dq_smem) > SMEM_BUDGET:     # the kernel's constants, not the caller, are wrong
+        raise ValueError(f"backward at D={dim}: BQ={bq}, BKV={bkv} need {dkdv_smem} / {dq_smem} bytes of "
+                         f"shared memory, over the {SMEM_BUDGET} budget")
+    return dim, bq, bkv, dkdv_smem, dq_smem
+
+
+def bwd_launch(b, h, hkv, nq, nk, d, scale, causal, dtype: str) -> list[LaunchSpec]:
+    """The backward's three launches: ``fa2_bwd_v1_delta_<dtype>`` (D_i = rowsum(dO * O), a warp per row),
+    ``fa2_bwd_v1_dkdv_<dtype>_d<D>`` (a block per 64 keys of a kv head, summing its GQA group) and
+    ``fa2_bwd_v1_dq_<dtype>_d<D>`` (a block per 64 query rows). Buffers: q, k, v, o, do, lse (in);
+    delta (fp32 scratch); dq, dk, dv (out). A launch with no blocks (Nk = 0: no dK/dV rows) is left out.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_bwd.py.
+    """
+    dim, bq, bkv, dkdv_smem, dq_smem = bwd_tile(d)
+    rows, threads = 16 * BWD_WARPS, (32 * BWD_WARPS, 1, 1)
+    common = (("i32", h), ("i32", hkv), ("i32", nq), ("i32", nk), ("i32", d), ("f32", scale), ("i32", int(causal)))
+    ins = (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "do"), ("buf", "lse"), ("buf", "delta"))
+    cfg = f"{dtype} d={d} D={dim}"
+    specs = []
+    if nq:
+        specs.append(LaunchSpec(BWD_SOURCE, f"fa2_bwd_v1_delta_{dtype}", flat_grid(_cdiv(nq, BWD_WARPS), h, b), threads,
+                                0, (("buf", "o"), ("buf", "do"), ("buf", "delta"), ("i32", nq), ("i32", d)), cfg))
+    if nk:
+        specs.append(LaunchSpec(BWD_SOURCE, f"fa2_bwd_v1_dkdv_{dtype}_d{dim}", flat_grid(_cdiv(nk, rows), hkv, b),
+                                threads, dkdv_smem, (*ins, ("buf", "dk"), ("buf", "dv"), *common),
+                                f"{cfg} BK={rows} BQ={bq}"))
+    if nq:
+        specs.append(LaunchSpec(BWD_SOURCE, f"fa2_bwd_v1_dq_{dtype}_d{dim}", flat_grid(_cdiv(nq, rows), h, b),
+                                threads, dq_smem, (*ins, ("buf", "dq"), *common), f"{cfg} BR={rows} BKV={bkv}"))
+    return specs
 
 
 # ---- Flash-Decoding -------------------------------------------------------------------------------
@@ -339,6 +397,7 @@ def nvrtc_options(dirs) -> tuple[str, ...]:
     compiles every kernel with NVRTC (tests/kernels/cuda/test_cuda_nvrtc.py).
 
     Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_nvrtc.py.
     """
     return ("-std=c++17", f"-I{build.CSRC}", *(f"-I{d}" for d in dirs))
 

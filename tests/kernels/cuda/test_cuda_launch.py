@@ -20,11 +20,14 @@ torch = pytest.importorskip("torch")
 
 
 def all_specs(b, h, hkv, nq, nk, d):
-    """Every kernel's LaunchSpecs at one shape: v1, v2 and v3 (f16, bf16), decode split + combine (3 dtypes)."""
+    """Every kernel's LaunchSpecs at one shape: v1, v2, v3 and the backward (f16, bf16), decode split +
+    combine (3 dtypes)."""
     specs = launch.v1_launch(b, h, hkv, nq, nk, d, 1.0, True)
     for dt in ("f16", "bf16"):
         specs += launch.v2_launch(b, h, hkv, nq, nk, d, 1.0, True, dt)
         specs += launch.v3_launch(b, h, hkv, nq, nk, d, 1.0, True, dt)
+        if d <= launch.BWD_HEAD_DIMS[-1]:                # the backward stops at d = 128
+            specs += launch.bwd_launch(b, h, hkv, nq, nk, d, 1.0, True, dt)
     for dt in ("f32", "f16", "bf16"):
         specs += launch.decode_launch(b, h, hkv, 1, nk, d, 1.0, False, 4, dt)
     return specs
@@ -45,9 +48,16 @@ def test_every_grid_is_within_cuda_limits(b, h, hkv, n, d):
     tiles = {"fa2_fwd_v1_f32": -(-n // launch.v1_tile(d)[0]), "fa2_fwd_v2_f16": -(-n // launch.v2_tile(d)[0])}
     tiles["fa2_fwd_v2_bf16"] = tiles["fa2_fwd_v2_f16"]
     tiles.update({f"fa2_fwd_v3_{dt}_d{launch.v3_tile(d)[0]}": -(-n // launch.v3_tile(d)[1]) for dt in ("f16", "bf16")})
+    rows64 = -(-n // (16 * launch.BWD_WARPS))              # the backward: 64 keys (dK/dV) or queries (dQ) a block
+    for dt in ("f16", "bf16"):
+        dim = launch.bwd_tile(d)[0]
+        tiles.update({f"fa2_bwd_v1_dq_{dt}_d{dim}": rows64, f"fa2_bwd_v1_delta_{dt}": -(-n // launch.BWD_WARPS)})
     for s in specs:                                      # one block per (tile | split | row, head, batch)
         per_bh = tiles.get(s.kernel, 4 if "split" in s.kernel else 1)
-        assert s.grid == (per_bh * h * b, 1, 1), s
+        heads = hkv if "_dkdv_" in s.kernel else h       # dK/dV: a block per 64 keys of a kv head
+        if "_dkdv_" in s.kernel:
+            per_bh = rows64
+        assert s.grid == (per_bh * heads * b, 1, 1), s
 
 
 def test_a_grid_beyond_cudas_limit_is_a_value_error():

@@ -124,6 +124,9 @@ __device__ __forceinline__ void load_tile(T* tile, const T* __restrict__ src, in
     }
 }
 
+// The backward (fa2_bwd_v1_mma.cu) includes this file for the pieces above, with FA2V3_NO_ENTRY_POINTS
+// defined: the forward itself and its kernels are left out.
+#ifndef FA2V3_NO_ENTRY_POINTS
 template <class T, int D, int BC>
 __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                         T* __restrict__ o, float* __restrict__ lse,
@@ -276,10 +279,12 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
         else for (int u = 0; u < 8 && c + u < d; ++u) dst[u] = src[u];
     }
 }
+#endif  // FA2V3_NO_ENTRY_POINTS
 }  // namespace fa2v3
 
 // One kernel per (dtype, head-dim bucket D): D and the tile sizes are compile-time, so every fragment
 // array is unrolled into registers.
+#ifndef FA2V3_NO_ENTRY_POINTS
 #define FA2V3_ARGS(T) const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o, \
                       float* __restrict__ lse, int H, int Hkv, int nq, int nk, int d, float scale, int causal
 #define FA2V3_CALL(T, D) fa2v3::forward<T, D, fa2v3::V3_BC_D##D>(q, k, v, o, lse, H, Hkv, nq, nk, d, scale, causal)
@@ -297,3 +302,4 @@ extern "C" __global__ void __launch_bounds__(fa2v3::THREADS, 1) fa2_fwd_v3_bf16_
 extern "C" __global__ void __launch_bounds__(fa2v3::THREADS, 1) fa2_fwd_v3_bf16_d64(FA2V3_ARGS(__nv_bfloat16)) { FA2V3_BF16(64); }
 extern "C" __global__ void __launch_bounds__(fa2v3::THREADS, 1) fa2_fwd_v3_bf16_d128(FA2V3_ARGS(__nv_bfloat16)) { FA2V3_BF16(128); }
 extern "C" __global__ void __launch_bounds__(fa2v3::THREADS, 1) fa2_fwd_v3_bf16_d256(FA2V3_ARGS(__nv_bfloat16)) { FA2V3_BF16(256); }
+#endif  // FA2V3_NO_ENTRY_POINTS
