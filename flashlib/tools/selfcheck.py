@@ -61,7 +61,30 @@ def _try_backend(name: str, dev) -> tuple[bool, str]:
             return False, f"a {tuple(q.shape)} {str(dtype)[6:]} forward ran but gave non-finite values"
     except Exception as e:                         # noqa: BLE001 - the reason is what we report
         return False, f"{type(e).__name__}: {e}"
-    return True, f"{backend.description} (a {str(dtype)[6:]} forward ran here)"
+    ran = f"a {str(dtype)[6:]} forward ran here"
+    if name == "cuda":
+        ran += "; " + _cuda_versions(dev)
+    return True, f"{backend.description} ({ran})"
+
+
+def _cuda_versions(dev) -> str:
+    """Which CUDA kernels backend "cuda" runs on ``dev``, per dtype: forward version and backward."""
+    import torch
+
+    from ..kernels import cuda
+    cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+    parts = []
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        name = str(dtype)[6:]
+        try:
+            fwd = cuda.pick_version(name, capability=cap)
+        except TypeError:
+            parts.append(f"{name}: not on this GPU")
+            continue
+        probe = torch.empty(1, 1, 1, 64, dtype=dtype, device=dev)
+        bwd = "CUDA backward" if cuda.backward_supported(probe) is None else "backward from another backend"
+        parts.append(f"{name}: forward {fwd}, {bwd}")
+    return "kernels here — " + "; ".join(parts) + " (CUDA backward: d <= 128)"
 
 
 def info() -> dict:

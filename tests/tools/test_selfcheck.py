@@ -15,6 +15,14 @@ def test_info_lists_versions_device_and_backends():
     assert "forward ran here" in d["backends"]["reference"][1]
     text = selfcheck.format_info(d)
     assert "backends:" in text and "reference" in text
+    ok, why = d["backends"]["cuda"]
+    if ok:                                 # the CUDA backend says which kernels run here, per dtype
+        import torch
+        if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0):
+            assert "float16: forward v3, CUDA backward; bfloat16: forward v3, CUDA backward" in why, why
+        elif not torch.cuda.is_available():      # the emulator runs every kernel
+            assert ("kernels here — float32: forward v1, backward from another backend; float16: forward v3, "
+                    "CUDA backward; bfloat16: forward v3, CUDA backward") in why, why
 
 
 def test_check_passes_for_the_reference_backend():

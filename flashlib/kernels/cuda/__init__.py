@@ -344,9 +344,9 @@ def compile_rows(archs=ARCHS) -> list[dict]:
     ``nvcc -cubin -arch=<arch> --resource-usage``; ``shared_bytes`` is the kernel's static shared memory
     plus the dynamic bytes its LaunchSpec asks for; ``mma_instructions`` counts HMMA/HGMMA,
     ``ldsm_instructions`` LDSM (ldmatrix) and ``ldgsts_instructions`` LDGSTS (cp.async) in
-    ``cuobjdump -sass``. bf16 v2, v3 and backward rows are omitted on sm_75 (no bf16 tensor cores there; those
-    kernel bodies compile to nothing). Raises RuntimeError naming the
-    tool when nvcc or cuobjdump is missing.
+    ``cuobjdump -sass``. bf16 v2, v3 and backward rows are omitted on sm_75 (no bf16 tensor cores there;
+    those kernels compile to nothing, or to a ``__trap()``). Raises RuntimeError naming the tool when nvcc
+    or cuobjdump is missing.
 
     Explained in: notebooks/08_cuda.
 

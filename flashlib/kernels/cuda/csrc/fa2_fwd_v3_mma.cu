@@ -24,7 +24,7 @@
 //   fragment handling, cp.async pipeline and swizzle follow the FlashAttention-2 CUDA kernels
 //   (Dao-AILab/flash-attention, csrc/flash_attn/src/flash_fwd_kernel.h, built on CUTLASS/CuTe); the
 //   layouts are the PTX ISA's "Matrix Fragments for mma.m16n8k16" and "ldmatrix" tables.
-// Limits: fp16 on sm_75+, bf16 on sm_80+ (the bf16 kernels compile to an empty body for sm_75 and
+// Limits: fp16 on sm_75+, bf16 on sm_80+ (the bf16 kernels compile to a __trap() for sm_75 and
 //   flashlib refuses them there; before sm_75 flashlib uses v2). Head dim d <= 256, zero-padded inside
 //   the kernel to the kernel's D in {32, 64, 128, 256}; the 16-byte copies need d % 8 == 0 and 16-byte
 //   aligned q, k, v, o (any other d is loaded and stored element by element). Shared memory
