@@ -3,7 +3,7 @@
 Fails on a page that shows an error output (a traceback or text on stderr), an image that did not
 load, an internal link whose target page or anchor does not exist, or math that MathJax did not typeset
 (the book ships its own MathJax: the browser runs with every host name unresolvable, so nothing comes
-from a network). Keeps screenshots of two pages in ``_build/screenshots``. Runs after
+from a network). Keeps screenshots of the pages a reviewer looks at in ``_build/screenshots``. Runs after
 ``jupyter-book build`` (``make test`` orders it so).
 """
 import pathlib
@@ -107,7 +107,9 @@ _SHOW_FIRST_SOLUTION = """
     ("book/intro", "document.querySelector('img[src*=roadmap]').scrollIntoView();"),
     ("notebooks/02_online_softmax", _SHOW_FIRST_SOLUTION),
     ("notebooks/03_flashattention1", None),
-    ("notebooks/07_triton", None)])
+    ("notebooks/07_triton", None),
+    ("notebooks/08_cuda", "Array.from(document.querySelectorAll('h2')).find(h => h.innerText.startsWith("
+                          "'The backward in CUDA')).scrollIntoView();")])
 def test_screenshots_are_kept(browser, page, script):
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.get((HTML / f"{page}.html").as_uri())
