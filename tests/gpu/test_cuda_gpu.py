@@ -225,6 +225,18 @@ def test_cuda_backward_is_bit_for_bit_deterministic(dtype):
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
+def test_cuda_backward_on_misaligned_tensors():
+    """q, k, v, do one element past a 16-byte boundary: the element-wise copies, not cp.async."""
+    if fc.backward_supported(torch.empty(1, 1, 1, 64, dtype=torch.float16, device=DEVICE)) is not None:
+        pytest.skip("this GPU cannot run the CUDA backward")
+    q, k, v, do = (torch.randn(torch.Size(s).numel() + 1, device=DEVICE, dtype=torch.float16)[1:].view(s)
+                   for s in ((1, 2, 45, 64), (1, 1, 70, 64), (1, 1, 70, 64), (1, 2, 45, 64)))
+    assert q.data_ptr() % 16 != 0
+    o, lse = fc.forward(q, k, v, causal=True)
+    grads = fc.backward(q, k, v, o, lse, do, causal=True)
+    testing.assert_attention_right(q, k, v, do, causal=True, grads=grads, floor=1e-5)
+
+
 def test_backend_cuda_gradients_come_from_the_cuda_backward(monkeypatch):
     """flashlib.attention(backend="cuda") on the GPU calls the CUDA backward at fp16, d <= 128."""
     calls = []
