@@ -314,8 +314,10 @@ def format_report(rows) -> str:
     Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_compile_report.py.
     """
-    cols = [("backend", 7), ("kernel", 20), ("arch", 5), ("config", 30), ("ok", 5), ("registers", 4),
-            ("spill_bytes", 6), ("shared_bytes", 7), ("mma_instructions", 5), ("ldsm_instructions", 4),
+    def wide(key, least):                           # a column as wide as its longest value
+        return max([least, *(len(str(r.get(key, ""))) for r in rows)])
+    cols = [("backend", 7), ("kernel", wide("kernel", 20)), ("arch", 5), ("config", wide("config", 30)),
+            ("ok", 5), ("registers", 4), ("spill_bytes", 6), ("shared_bytes", 7), ("mma_instructions", 5), ("ldsm_instructions", 4),
             ("ldgsts_instructions", 6), ("tensor_cores", 5)]
     heads = {"registers": "regs", "spill_bytes": "spill", "shared_bytes": "smem", "mma_instructions": "mma",
              "ldsm_instructions": "ldsm", "ldgsts_instructions": "ldgsts", "tensor_cores": "TC"}

@@ -74,9 +74,14 @@ def test_sass_excerpt_shows_hmma_and_hgmma(rows):
     assert "HGMMA" in fi.sass_excerpt("fa2_fwd", "sm_90")
 
 
-def test_tables_print_every_row(rows):
-    assert len(fi.format_report(rows).splitlines()) == len(rows) + 2     # + the compilers, the heads
+def test_tables_print_every_row(rows, report):
+    table = fi.format_report(rows).splitlines()
+    assert len(table) == len(rows) + 2                                   # + the compilers, the heads
     assert len(fi.summary(rows).splitlines()) == len(fi.ARCHS)
+    full = fi.format_report(report).splitlines()                        # with the CUDA rows' long names
+    for col in ("arch", "ok"):                                           # columns line up under their heads
+        start = full[1].index(f"  {col} ") + 2
+        assert all(line[start - 2:start] == "  " and line[start] != " " for line in full[2:]), (col, full)
 
 
 def test_row_producers_are_the_extension_point(monkeypatch, rows):
