@@ -248,7 +248,7 @@ def _with_throughput(row: dict, config: dict) -> dict:
 def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype="float16", causal=False,
         device="cuda", timer: Callable | None = None, progress=True, cuda=True) -> dict:
     """Time forward, backward and decode of "flashlib" (the Triton kernels), "flashlib-cuda" (the CUDA
-    C++ kernels, forward and decode; unless ``cuda=False``), torch SDPA forced to each of its backends
+    C++ kernels; unless ``cuda=False``), torch SDPA forced to each of its backends
     ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient") and "naive" at each N.
 
     Returns ``{"environment": environment(device), "config": {"ns", "batch", "heads", "kv_heads",
@@ -282,6 +282,12 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
     kv_heads, dt, group = config["kv_heads"], getattr(torch, dtype), heads // config["kv_heads"]
     sdpa = _sdpa_contexts()
     mine = {name: backend for name, backend in FLASHLIB_IMPLS.items() if cuda or backend != "cuda"}
+    untimed = {}                                   # per impl: {time: why} it is not timed (same at every N)
+    if cuda:
+        from ..kernels import cuda as cuda_kernels
+        why_not = cuda_kernels.backward_supported(torch.empty(1, 1, 1, head_dim, dtype=dt, device=device))
+        if why_not is not None:
+            untimed["flashlib-cuda"] = {"bwd_ms": f"{CUDA_NO_BACKWARD} ({why_not})"}
     attend = {**{name: lambda a, b, c, be=be: flashlib.attention(a, b, c, causal=causal, backend=be)
                  for name, be in mine.items()},
               **{name: lambda a, b, c: _sdpa(a, b, c, causal) for name in SDPA_BACKENDS},
@@ -307,12 +313,7 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
             else:
                 # SDPA refusing a shape, or the CUDA backend unable to run here (no CuPy): a reason
                 refusals = (RuntimeError,) if name in SDPA_BACKENDS or name == "flashlib-cuda" else ()
-                untimed = None
-                if name == "flashlib-cuda":
-                    from ..kernels import cuda as cuda_kernels
-                    why_not = cuda_kernels.backward_supported(q)
-                    untimed = None if why_not is None else {"bwd_ms": f"{CUDA_NO_BACKWARD} ({why_not})"}
-                times, why = _time_impl(timer, fn, dec, (q, kk, vv, do), context, refusals, untimed)
+                times, why = _time_impl(timer, fn, dec, (q, kk, vv, do), context, refusals, untimed.get(name))
             rows.append(_with_throughput({"n": n, "impl": name, **times, "why": why}, config))
     return {"environment": env, "config": config, "rows": rows}
 

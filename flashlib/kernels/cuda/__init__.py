@@ -191,6 +191,22 @@ def forward(q, k, v, *, causal=False, scale=None, version=None, sanitizer=None):
     return (o, lse) if q_torch else (o.numpy(), lse.numpy())
 
 
+def _backward_refusal(q) -> Exception | None:
+    """Why :func:`backward` cannot take ``q`` (an exception naming q), or None. The backward is built from
+    v3's instructions, so on a GPU it needs what v3 needs (:func:`pick_version`)."""
+    dtype, d = _dtype_name(q), q.shape[-1]
+    if dtype not in ("float16", "bfloat16"):
+        return TypeError(f"q: the CUDA backward takes float16 and bfloat16, not {dtype}")
+    if d > launch.BWD_HEAD_DIMS[-1]:
+        return ValueError(f"q: the CUDA backward supports head dims up to {launch.BWD_HEAD_DIMS[-1]}, not {d}")
+    if q.device.type == "cuda":
+        try:
+            pick_version(dtype, "v3", _torch().cuda.get_device_capability(q.device))
+        except TypeError as exc:
+            return TypeError(f"q: the CUDA backward is built on kernel v3: {exc}")
+    return None
+
+
 def backward_supported(q) -> str | None:
     """None where :func:`backward` takes ``q``'s dtype, head dim and GPU; else why not (float32, d > 128,
     a GPU before sm_75, bfloat16 before sm_80) — the CUDA backend then takes another backward.
@@ -198,17 +214,8 @@ def backward_supported(q) -> str | None:
     Explained in: notebooks/08_cuda.
     Tested in: tests/kernels/cuda/test_cuda_bwd.py.
     """
-    dtype, d = _dtype_name(q), q.shape[-1]
-    if dtype not in ("float16", "bfloat16"):
-        return f"the CUDA backward takes float16 and bfloat16, not {dtype}"
-    if d > launch.BWD_HEAD_DIMS[-1]:
-        return f"the CUDA backward supports head dims up to {launch.BWD_HEAD_DIMS[-1]}, not {d}"
-    if q.device.type == "cuda":
-        cap = _torch().cuda.get_device_capability(q.device)
-        if cap < (7, 5) or (dtype == "bfloat16" and cap < (8, 0)):
-            return (f"the CUDA backward needs sm_75 (float16) or sm_80 (bfloat16); this GPU is "
-                    f"sm_{cap[0]}{cap[1]}")
-    return None
+    refusal = _backward_refusal(q)
+    return None if refusal is None else str(refusal).removeprefix("q: ")
 
 
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, sanitizer=None):
@@ -237,9 +244,9 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, sanitizer=None):
     check_tensors(q, k, v)
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    why = backward_supported(q)
-    if why is not None:
-        raise (ValueError if "head dims" in why else TypeError)(f"q: {why}")
+    refusal = _backward_refusal(q)
+    if refusal is not None:
+        raise refusal
     for name, x in (("o", o), ("do", do)):
         if x.shape != q.shape or x.dtype != q.dtype or x.device != q.device:
             raise ValueError(f"{name} must match q: shape {tuple(q.shape)}, {q.dtype} on {q.device}; got "

@@ -32,7 +32,7 @@ import tempfile
 
 from ...tools import toolchain
 
-__all__ = ["CSRC", "EMU_DIR", "SANITIZERS", "cu_constant", "emulator_binary",
+__all__ = ["CSRC", "EMU_DIR", "SANITIZERS", "cu_constant", "local_includes", "emulator_binary",
            "nvcc_cubin", "nvcc_usage"]
 
 EMU_DIR = pathlib.Path(__file__).resolve().parent
@@ -104,8 +104,27 @@ def harness_text(text: str, origin: str) -> str:
 def _emulator_files_text() -> str:
     parts = [(EMU_DIR / "emulator.h").read_text(), (EMU_DIR / "runner.cpp").read_text()]
     parts += [p.read_text() for p in sorted((EMU_DIR / "include").glob("*.h"))]
-    parts += [p.read_text() for p in sorted(CSRC.glob("*.h"))]     # flashlib's own headers (ptx.h)
     return "\n".join(parts)
+
+
+def local_includes(text: str) -> list[str]:
+    """The texts of the ``csrc`` files ``text`` includes with quotes, followed through (``ptx.h``; the
+    forward v3 file that the backward builds on): part of every cache key, so that editing an included
+    file rebuilds everything that includes it.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_bwd.py.
+    """
+    from .toolkit import includes                  # toolkit imports this module: import it late
+    seen, out, todo = set(), [], [text]
+    while todo:
+        for name, quoted in includes(todo.pop(0)):
+            path = CSRC / name
+            if quoted and name not in seen and path.is_file():
+                seen.add(name)
+                out.append(path.read_text())
+                todo.append(out[-1])
+    return out
 
 
 def _cache() -> pathlib.Path:
@@ -146,7 +165,7 @@ def emulator_binary(source, sanitizer: str | None = None) -> pathlib.Path:
     name, text, origin = _source(source)
     harness = harness_text(text, origin)
     flags = ["-std=c++20", "-pthread", "-w", f"-I{EMU_DIR / 'include'}", f"-I{CSRC}", *_SAN_FLAGS[sanitizer]]
-    key = hashlib.sha256("\0".join([harness, _emulator_files_text(), " ".join(flags),
+    key = hashlib.sha256("\0".join([harness, *local_includes(text), _emulator_files_text(), " ".join(flags),
                                     toolchain.tool_version(gxx)]).encode()).hexdigest()[:16]
     mode = sanitizer or "plain"
     exe = _cache() / f"emu-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{mode}-{key}"
@@ -163,8 +182,9 @@ def emulator_binary(source, sanitizer: str | None = None) -> pathlib.Path:
 
 # ---- nvcc: resource usage and SASS ----------------------------------------------------------------
 def _nvcc_job(source, arch, purpose):
-    """``(nvcc, name, text, key)`` for compiling ``source`` for ``arch``; ``key`` hashes the source,
-    the arch and nvcc's version (the cache key of everything built from them).
+    """``(nvcc, name, text, key)`` for compiling ``source`` for ``arch``; ``key`` hashes the source and
+    the files it includes from csrc, the arch and nvcc's version (the cache key of everything built
+    from them).
 
     Explained in: notebooks/08_cuda.
     """
@@ -172,8 +192,8 @@ def _nvcc_job(source, arch, purpose):
         raise ValueError(f"arch must look like 'sm_80', got {arch!r}")
     nvcc = toolchain.require_tool("nvcc", purpose)
     name, text, _ = _source(source)
-    own = [p.read_text() for p in sorted(CSRC.glob("*.h"))]        # flashlib's own headers (ptx.h)
-    key = hashlib.sha256("\0".join([text, *own, arch, toolchain.tool_version(nvcc)]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([text, *local_includes(text), arch, toolchain.tool_version(nvcc)])
+                         .encode()).hexdigest()[:16]
     return nvcc, name, text, key
 
 

@@ -41,19 +41,33 @@ SMEM_BUDGET = 48 * 1024
 V1_BC = build.cu_constant("fa2_fwd_v1_scalar.cu", "V1_BC")
 V2_BC = build.cu_constant("fa2_fwd_v2_wmma.cu", "BC")
 DECODE_THREADS = build.cu_constant("decode_splitkv.cu", "THREADS")
+
+
+def _head_dims(source: str, prefix: str) -> tuple[int, ...]:
+    """The head-dim buckets D of the kernels ``<prefix>_d<D>`` that ``source`` defines (its kernel names)."""
+    names = build.kernel_names((build.CSRC / source).read_text())
+    return tuple(sorted({int(m.group(1)) for n in names if (m := re.fullmatch(rf"{prefix}_d(\d+)", n))}))
+
+
+def _bucket(d: int, dims: tuple[int, ...], what: str) -> int:
+    """The smallest head-dim bucket in ``dims`` that holds d; ValueError naming ``what`` otherwise."""
+    dim = next((x for x in dims if x >= d), None)
+    if dim is None or d < 1:
+        raise ValueError(f"head dim d={d}: {what} supports 1 <= d <= {dims[-1]}")
+    return dim
+
+
 # v3: one kernel per head-dim bucket D (fa2_fwd_v3_<dtype>_d<D>, read from the kernel names), each with
 # its own keys per tile V3_BC_D<D>; THREADS per block, 16 query rows per warp.
 _V3_SOURCE = "fa2_fwd_v3_mma.cu"
 V3_WARPS = build.cu_constant(_V3_SOURCE, "THREADS") // 32
-V3_HEAD_DIMS = tuple(sorted({int(m) for m in re.findall(r"^fa2_fwd_v3_f16_d(\d+)$", "\n".join(
-    build.kernel_names((build.CSRC / _V3_SOURCE).read_text())), re.M)}))
+V3_HEAD_DIMS = _head_dims(_V3_SOURCE, "fa2_fwd_v3_f16")
 V3_BC = {dim: build.cu_constant(_V3_SOURCE, f"V3_BC_D{dim}") for dim in V3_HEAD_DIMS}
 # The backward (fa2_bwd_v1_mma.cu): head-dim buckets read from its kernel names; per bucket, query rows
 # per tile of the dK/dV kernel (BWD_BQ_D<D>) and keys per tile of the dQ kernel (BWD_BKV_D<D>).
 BWD_SOURCE = "fa2_bwd_v1_mma.cu"
 BWD_WARPS = build.cu_constant(BWD_SOURCE, "THREADS") // 32
-BWD_HEAD_DIMS = tuple(sorted({int(m) for m in re.findall(r"^fa2_bwd_v1_dq_f16_d(\d+)$", "\n".join(
-    build.kernel_names((build.CSRC / BWD_SOURCE).read_text())), re.M)}))
+BWD_HEAD_DIMS = _head_dims(BWD_SOURCE, "fa2_bwd_v1_dq_f16")
 BWD_BQ = {dim: build.cu_constant(BWD_SOURCE, f"BWD_BQ_D{dim}") for dim in BWD_HEAD_DIMS}
 BWD_BKV = {dim: build.cu_constant(BWD_SOURCE, f"BWD_BKV_D{dim}") for dim in BWD_HEAD_DIMS}
 # Every kernel here flattens its (block, head, batch) index into blockIdx.x and decodes it in the kernel,
@@ -166,9 +180,7 @@ def v3_tile(d: int) -> tuple[int, int, int, int]:
     Explained in: notebooks/08_cuda.
     Tested in: tests/kernels/cuda/test_cuda_v3.py.
     """
-    dim = next((x for x in V3_HEAD_DIMS if x >= d), None)
-    if dim is None or d < 1:
-        raise ValueError(f"head dim d={d}: v3 supports 1 <= d <= {V3_HEAD_DIMS[-1]}")
+    dim = _bucket(d, V3_HEAD_DIMS, "v3")
     br, bc = 16 * V3_WARPS, V3_BC[dim]
     smem = (br + 2 * bc) * dim * 2
     if smem > SMEM_BUDGET:                  # the kernel's constants, not the caller, are wrong
@@ -201,9 +213,7 @@ def bwd_tile(d: int) -> tuple[int, int, int, int, int]:
     Explained in: notebooks/08_cuda.
     Tested in: tests/kernels/cuda/test_cuda_bwd.py.
     """
-    dim = next((x for x in BWD_HEAD_DIMS if x >= d), None)
-    if dim is None or d < 1:
-        raise ValueError(f"head dim d={d}: the CUDA backward supports 1 <= d <= {BWD_HEAD_DIMS[-1]}")
+    dim = _bucket(d, BWD_HEAD_DIMS, "the CUDA backward")
     rows = 16 * BWD_WARPS
     bq, bkv = BWD_BQ[dim], BWD_BKV[dim]
     dkdv_smem, dq_smem = (2 * rows + 2 * bq) * dim * 2 + 8 * bq, (2 * rows + 2 * bkv) * dim * 2

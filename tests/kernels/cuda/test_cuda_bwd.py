@@ -168,6 +168,14 @@ def test_planted_wrong_fragment_index_gives_a_wrong_result():
     assert testing.max_error(dv.double(), rdv) > 0.05 and testing.max_error(dk.double(), rdk) > 0.05
 
 
+def test_cache_keys_follow_the_files_the_backward_includes():
+    """The backward includes forward v3's file (which includes ptx.h): both are part of its build keys, so
+    an edit to v3's building blocks rebuilds the backward's emulator and nvcc caches."""
+    texts = build.local_includes(SRC)
+    assert texts == [(build.CSRC / fc.SOURCES["v3"]).read_text(), (build.CSRC / "ptx.h").read_text()]
+    assert build.local_includes('#include "ptx.h"\n#include <cuda_fp16.h>\n') == [texts[1]]
+
+
 # ---- geometry, arguments, and the backend ----------------------------------------------------------
 @pytest.mark.parametrize("d", [1, 32, 33, 64, 100, 128])
 def test_tiles_fit_48kb_and_follow_the_kernel_constants(d):
