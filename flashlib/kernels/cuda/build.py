@@ -32,7 +32,7 @@ import tempfile
 
 from ...tools import toolchain
 
-__all__ = ["CSRC", "EMU_DIR", "SANITIZERS", "cu_constant", "local_includes", "emulator_binary",
+__all__ = ["CSRC", "EMU_DIR", "SANITIZERS", "cu_constant", "includes", "local_includes", "emulator_binary",
            "nvcc_cubin", "nvcc_usage"]
 
 EMU_DIR = pathlib.Path(__file__).resolve().parent
@@ -107,6 +107,20 @@ def _emulator_files_text() -> str:
     return "\n".join(parts)
 
 
+_INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
+
+
+def includes(text: str) -> list[tuple[str, bool]]:
+    """``(name, quoted)`` for every ``#include`` line of ``text``: ``quoted`` for ``"name"``, False
+    for ``<name>``.
+
+    Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
+    """
+    return [(name.strip(), mark == '"') for mark, name in _INCLUDE_RE.findall(text)]
+
+
 def local_includes(text: str) -> list[str]:
     """The texts of the ``csrc`` files ``text`` includes with quotes, followed through (``ptx.h``; the
     forward v3 file that the backward builds on): part of every cache key, so that editing an included
@@ -115,7 +129,6 @@ def local_includes(text: str) -> list[str]:
     Explained in: notebooks/08_cuda.
     Tested in: tests/kernels/cuda/test_cuda_bwd.py.
     """
-    from .toolkit import includes                  # toolkit imports this module: import it late
     seen, out, todo = set(), [], [text]
     while todo:
         for name, quoted in includes(todo.pop(0)):

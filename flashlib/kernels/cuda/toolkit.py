@@ -34,14 +34,13 @@ import shutil
 import sys
 from dataclasses import dataclass
 
-from .build import CSRC
+from .build import CSRC, includes
 
 __all__ = ["Candidate", "includes", "required_headers", "missing_headers", "candidates", "search",
            "find_include_dirs", "explain", "not_found_error", "PREFIXES"]
 
 PREFIXES = ("/usr/local/cuda", "/usr/local/cuda-*", "/opt/cuda", "/usr")
 
-_INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
 
 
 @dataclass(frozen=True)
@@ -59,17 +58,6 @@ class Candidate:
     @property
     def ok(self) -> bool:
         return bool(self.dirs) and not self.missing
-
-
-def includes(text: str) -> list[tuple[str, bool]]:
-    """``(name, quoted)`` for every ``#include`` line of ``text``: ``quoted`` for ``"name"``, False
-    for ``<name>``.
-
-    Explained in: notebooks/08_cuda.
-
-    Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
-    """
-    return [(name.strip(), mark == '"') for mark, name in _INCLUDE_RE.findall(text)]
 
 
 def required_headers(sources=None) -> tuple[str, ...]:
