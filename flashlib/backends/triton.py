@@ -4,11 +4,59 @@ The kernels are imported on first use (importing flashlib imports no triton). Th
 ``(block_q, block_k)`` become a :class:`~flashlib.kernels.triton.configs.Config`; None lets the
 device's table choose.
 
+The forward comes in two kernels: version 1 (:mod:`~flashlib.kernels.triton.fa2_fwd`, pointer loads, the
+default) and the TMA forward (:mod:`~flashlib.kernels.triton.fa2_fwd_tma`, version 4 of the Triton kernels:
+tensor descriptors, TMA on sm_90). The environment variable ``FLASHLIB_TRITON_FWD`` chooses: ``v1``
+(default) or ``tma``, which runs the TMA forward wherever its memory rules hold
+(:func:`~flashlib.kernels.triton.fa2_fwd_tma.supported`) and version 1 elsewhere.
+The backward likewise: ``FLASHLIB_TRITON_BWD`` is ``v2`` (default, :mod:`~flashlib.kernels.triton.fa2_bwd`)
+or ``tma``, which swaps in the TMA dK/dV kernel (:mod:`~flashlib.kernels.triton.fa2_bwd_tma`, version 5)
+where the memory rules hold for q, k, v and dO. Both are opt-in until a GPU has measured them faster.
+
 Explained in: notebooks/07_triton.
 """
 from __future__ import annotations
 
 DESCRIPTION = "flashlib.kernels.triton kernels (compiled on CUDA, Triton's interpreter on CPU)"
+FORWARD_VERSIONS = ("v1", "tma")      # FLASHLIB_TRITON_FWD's values; the first is the default
+BACKWARD_VERSIONS = ("v2", "tma")     # FLASHLIB_TRITON_BWD's values; the first is the default
+
+
+def _wanted(variable: str, versions: tuple) -> str:
+    import os
+    wanted = os.environ.get(variable, versions[0])
+    if wanted not in versions:
+        raise ValueError(f"{variable} must be one of {versions}, got {wanted!r}")
+    return wanted
+
+
+def forward_version(q, k, v) -> str:
+    """The forward version that runs for these tensors: "v1", or "tma" where ``FLASHLIB_TRITON_FWD=tma``
+    asks for it and :func:`flashlib.kernels.triton.fa2_fwd_tma.supported` accepts them.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
+    """
+    if _wanted("FLASHLIB_TRITON_FWD", FORWARD_VERSIONS) == "tma":
+        from ..kernels.triton import fa2_fwd_tma
+        if fa2_fwd_tma.supported(q, k, v) is None:
+            return "tma"
+    return "v1"
+
+
+def backward_version(q, k, v, do) -> str:
+    """The backward that runs: "v2" (fa2_bwd), or "tma" (its dK/dV kernel through tensor descriptors,
+    :mod:`flashlib.kernels.triton.fa2_bwd_tma`) where ``FLASHLIB_TRITON_BWD=tma`` asks for it and
+    :func:`flashlib.kernels.triton.fa2_fwd_tma.supported` accepts q, k, v and do.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_fa2_bwd_tma.py.
+    """
+    if _wanted("FLASHLIB_TRITON_BWD", BACKWARD_VERSIONS) == "tma":
+        from ..kernels.triton import fa2_fwd_tma
+        if fa2_fwd_tma.supported(q, k, v, do) is None:
+            return "tma"
+    return "v2"
 
 
 def _last_dim_contiguous(*xs):
@@ -29,20 +77,27 @@ def _config(blocks):
 
 
 def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
-    """Backend.forward: :func:`flashlib.kernels.triton.fa2_fwd.forward`.
+    """Backend.forward: :func:`flashlib.kernels.triton.fa2_fwd.forward`, or the TMA forward
+    (:func:`flashlib.kernels.triton.fa2_fwd_tma.forward`) where :func:`forward_version` says so.
     Explained in: notebooks/07_triton."""
-    from ..kernels.triton import fa2_fwd
+    from ..kernels.triton import fa2_fwd, fa2_fwd_tma
     q, k, v = _last_dim_contiguous(q, k, v)
+    if forward_version(q, k, v) == "tma":
+        return fa2_fwd_tma.forward(q, k, v, causal=causal, scale=scale, config=_config(blocks))
     return fa2_fwd.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
                            config=_config(blocks))
 
 
 def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
-    """Backend.backward: :func:`flashlib.kernels.triton.fa2_bwd.backward`.
+    """Backend.backward: :func:`flashlib.kernels.triton.fa2_bwd.backward`, or with the TMA dK/dV
+    (:func:`flashlib.kernels.triton.fa2_bwd_tma.backward`) where :func:`backward_version` says so.
     Explained in: notebooks/07_triton."""
-    from ..kernels.triton import fa2_bwd
+    from ..kernels.triton import fa2_bwd, fa2_bwd_tma
     q, k, v, o, do = _last_dim_contiguous(q, k, v, o, do)
     cfg = _config(blocks)                         # dK/dV: key block = block_k, query step = block_q
+    if backward_version(q, k, v, do) == "tma":
+        return fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=causal, scale=scale, config_dkdv=cfg,
+                                    config_dq=cfg)
     return fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32,
                             config_dkdv=cfg, config_dq=cfg)
 

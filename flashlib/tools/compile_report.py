@@ -22,6 +22,8 @@ that GPU really compiled, with the same Triton.
 Other backends add rows by appending a producer ``f(archs) -> list[dict]`` to :data:`ROW_PRODUCERS`
 (e.g. ``backend="cuda"`` rows from nvcc ``--resource-usage``, which name the kernel version — v1, v2,
 v3 — and add ``ldsm_instructions``/``ldgsts_instructions``); each row has the keys of :data:`KEYS`.
+Triton rows add ``tma_instructions``: the TMA copies (UTMALDG, UTMASTG) in the SASS, which only the TMA
+kernels (tensor descriptors: fa2_fwd_tma, fa2_bwd_tma) have, and only on sm_90.
 
 Explained in: notebooks/07_triton.
 """
@@ -69,8 +71,12 @@ def _check_archs(archs) -> tuple[str, ...]:
 # ------------------------------------------------------------------------------------- the kernels
 
 # The constexpr values of the problem the report compiles (d = 128, causal, true fp32 dots; the decode
-# combine for 16 splits); BLOCK_M and BLOCK_N come from each kernel's config.
-REPORT_CONSTEXPRS = dict(CAUSAL=True, BLOCK_D=REPORT_HEAD_DIM, UPCAST=False, PRECISION="ieee", BLOCK_S=16)
+# combine for 16 splits; forward version 2 as it runs by default, not warp-specialized); BLOCK_M and
+# BLOCK_N come from each kernel's config.
+REPORT_CONSTEXPRS = dict(CAUSAL=True, BLOCK_D=REPORT_HEAD_DIM, UPCAST=False, PRECISION="ieee", BLOCK_S=16,
+                         WARP_SPECIALIZE=False)
+# TMA copies in the SASS (sm_90+): tensor loads (UTMALDG) and stores (UTMASTG) issued through a descriptor.
+TMA_RE = re.compile(r"\bUTMA(LDG|STG)\b")
 
 
 def triton_specs() -> tuple:
@@ -79,8 +85,9 @@ def triton_specs() -> tuple:
     Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_compile_report.py.
     """
-    from ..kernels.triton import decode, fa2_bwd, fa2_fwd
-    return (fa2_fwd.SPEC, fa2_bwd.PREPROCESS_SPEC, fa2_bwd.DKDV_SPEC, fa2_bwd.DQ_SPEC,
+    from ..kernels.triton import decode, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma
+    return (fa2_fwd.SPEC, fa2_fwd_tma.SPEC, fa2_bwd.PREPROCESS_SPEC, fa2_bwd.DKDV_SPEC, fa2_bwd_tma.DKDV_SPEC,
+            fa2_bwd.DQ_SPEC,
             decode.SPLIT_SPEC, decode.COMBINE_SPEC)
 
 
@@ -166,6 +173,7 @@ def _compile_arch(arch: str) -> list[dict]:
             reg = re.search(r"REG:(\d+)", usage)
             row["registers"] = int(reg.group(1)) if reg else None
         row["mma_instructions"] = sum(toolchain.count_mma(sass).values())
+        row["tma_instructions"] = sum(toolchain.count_mma(sass, TMA_RE).values())
         row["_sass"] = "\n".join(_sass_window(sass, 12))
         row["ok"] = row["spill_bytes"] is not None
         rows.append(row)
@@ -309,7 +317,8 @@ def sass_excerpt(kernel: str = "fa2_fwd", arch: str = "sm_80") -> str:
 
 def format_report(rows) -> str:
     """The rows as a fixed-width table, after a line naming the compilers (:func:`compilers`); the
-    CUDA C++ rows also show their ldmatrix (LDSM) and cp.async (LDGSTS) counts.
+    CUDA C++ rows also show their ldmatrix (LDSM) and cp.async (LDGSTS) counts, the Triton rows their
+    TMA copies (UTMALDG/UTMASTG).
 
     Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_compile_report.py.
@@ -318,11 +327,12 @@ def format_report(rows) -> str:
         return max([least, *(len(str(r.get(key, ""))) for r in rows)])
     cols = [("backend", 7), ("kernel", wide("kernel", 20)), ("arch", 5), ("config", wide("config", 30)),
             ("ok", 5), ("registers", 4), ("spill_bytes", 6), ("shared_bytes", 7), ("mma_instructions", 5), ("ldsm_instructions", 4),
-            ("ldgsts_instructions", 6), ("tensor_cores", 5)]
+            ("ldgsts_instructions", 6), ("tma_instructions", 3), ("tensor_cores", 5)]
     heads = {"registers": "regs", "spill_bytes": "spill", "shared_bytes": "smem", "mma_instructions": "mma",
-             "ldsm_instructions": "ldsm", "ldgsts_instructions": "ldgsts", "tensor_cores": "TC"}
+             "ldsm_instructions": "ldsm", "ldgsts_instructions": "ldgsts", "tma_instructions": "tma",
+             "tensor_cores": "TC"}
     out = [compilers(rows), "  ".join(f"{heads.get(c, c):<{w}}" for c, w in cols)]
-    for r in rows:                                  # ldsm/ldgsts: counted for the CUDA C++ rows only
+    for r in rows:                                  # ldsm/ldgsts: the CUDA C++ rows only; tma: Triton's
         out.append("  ".join(f"{str(r.get(c, '-')):<{w}}" for c, w in cols))
     return "\n".join(out)
 

@@ -106,14 +106,33 @@ def info() -> dict:
         f"{torch.cuda.get_device_name(0)} (sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}, "
         f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs)",
         "nvcc": find_tool("nvcc") or "not found", "g++": find_tool("g++") or "not found",
+        "triton forward": _triton_version("FLASHLIB_TRITON_FWD"),
+        "triton backward": _triton_version("FLASHLIB_TRITON_BWD"),
         "backends": {name: _try_backend(name, dev) for name in sorted(BACKENDS)},
     }
     return out
 
 
+def _triton_version(variable: str) -> str:
+    """Which Triton kernel ``backend="triton"`` runs, as the environment variable ``variable`` chooses
+    (FLASHLIB_TRITON_FWD or FLASHLIB_TRITON_BWD; flashlib.backends.triton)."""
+    import os
+
+    from ..backends.triton import BACKWARD_VERSIONS, FORWARD_VERSIONS
+    versions = FORWARD_VERSIONS if variable == "FLASHLIB_TRITON_FWD" else BACKWARD_VERSIONS
+    wanted = os.environ.get(variable)
+    if wanted is None:
+        return f"{versions[0]} (default; {variable}=tma runs the TMA kernel where it applies)"
+    if wanted not in versions:
+        return f"{variable}={wanted!r} is not one of {versions}: backend='triton' will refuse"
+    return f"{wanted} ({variable})" + (" wherever fa2_fwd_tma.supported agrees, else "
+                                       f"{versions[0]}" if wanted == "tma" else "")
+
+
 def format_info(d: dict) -> str:
-    lines = [f"{k:>9}: {v}" for k, v in d.items() if k != "backends"]
-    lines.append(" backends:")
+    width = max(len(k) for k in d)
+    lines = [f"{k:>{width}}: {v}" for k, v in d.items() if k != "backends"]
+    lines.append(f"{'backends':>{width}}:")
     for name, (ok, why) in d["backends"].items():
         lines.append(f"   {name:<10} {'available' if ok else 'NOT available'} — {why}")
     return "\n".join(lines)

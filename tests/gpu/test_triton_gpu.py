@@ -1,11 +1,16 @@
-"""GPU tier: flashlib/triton's kernels (fa2_fwd, fa2_bwd, decode, configs) compiled, on CUDA tensors.
+"""GPU tier: flashlib/triton's kernels (fa2_fwd, fa2_fwd_tma, fa2_bwd, fa2_bwd_tma, decode, configs) compiled,
+on CUDA tensors.
 
 What the interpreter cannot show: the real kernel configs (N ~ 1000, d = 128 reach them; 40 tokens
 never do), races between programs running at once, and the compiler's own bugs. A real H100 found a
 dK/dV config class that was wrong and non-deterministic while every CPU test passed
 (flashlib/kernels/triton/configs.py): these tests would have caught it. Same standards as the CPU suite:
 fp32 tightly against the float64 oracle, fp16/bf16 under FlashAttention's rule (2x a plain same-dtype
-implementation, 3x for gradients), adversarial shapes.
+implementation, 3x for gradients), adversarial shapes. The TMA kernels (tensor descriptors, TMA on sm_90,
+which the interpreter only emulates) get the same checks at the head dims they take: the TMA forward
+(fa2_fwd_tma) under FLASHLIB_TRITON_FWD=tma with the backward, and against version 1 on the same inputs;
+the TMA dK/dV (fa2_bwd_tma, in version 2's backward) under FLASHLIB_TRITON_BWD=tma, bit for bit
+deterministic, and against version 2's gradients on the same inputs.
 """
 from __future__ import annotations
 
@@ -15,13 +20,15 @@ import torch
 import flashlib
 from flashlib.testing import (assert_attention_right, assert_close, assert_fa_rule, plain_torch_attention,
                               reference_gqa)
-from flashlib.kernels.triton import configs, fa2_bwd, fa2_fwd
+from flashlib.backends import triton as triton_backend
+from flashlib.kernels.triton import configs, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma
 from flashlib.kernels.triton.configs import Config
 from triton_cases import TABLE_SPECS, case_id, make_qkv, run_triton  # tests/triton_cases.py, shared with tests/kernels/triton
 
 DEVICE = torch.device("cuda")
 BF16_OK = torch.cuda.get_device_capability(0) >= (8, 0)
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if BF16_OK else [])
+HALF_DTYPES = [d for d in DTYPES if d != torch.float32]      # what the TMA kernels take
 # Where the plain same-dtype baseline is exact (Nq = Nk = 1: dQ is exactly 0), 2x or 3x its error is 0
 # and one rounding in the kernel would fail the rule: allow 1e-5, far under a 16-bit error (~1e-3).
 FLOOR = 1e-5
@@ -68,7 +75,7 @@ DET_CASES = [(2, 8, 2, 1000, 1037, 128, True), (2, 8, 8, 1031, 1031, 128, False)
              (1, 4, 1, 1024, 1024, 80, True)]
 
 
-@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32], ids=lambda t: str(t)[6:])
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda t: str(t)[6:])
 @pytest.mark.parametrize("case", DET_CASES, ids=case_id)
 def test_backward_is_bitwise_deterministic_and_right_at_real_sizes(case, dtype):
     *shape, causal = case
@@ -116,6 +123,200 @@ def test_a_config_of_the_class_shown_wrong_is_run_safely():
     grads = [fa2_bwd.backward(q, k, v, o, lse, do, causal=False, scale=128 ** -0.5, config_dkdv=bad)
              for _ in range(3)]
     assert all(torch.equal(a, b) for g in grads[1:] for a, b in zip(g, grads[0]))
+
+
+# ------------------------------------------------------------ the TMA forward (tensor descriptors)
+
+# CASES' kinds of shape at head dims the TMA kernels take (multiples of 8: 16-byte TMA strides): N = 1, Nq !=
+# Nk both ways with lengths no block divides, GQA and MQA, causal rows that see nothing (Nq > Nk), d from
+# 40 to 256 (80 and 192: BLOCK_D wider than d, the columns a descriptor zero-fills), and the sizes that
+# reach the real configs (N ~ 1000, d = 128).
+TMA_CASES = [
+    (2, 4, 4, 1, 1, 64, False), (1, 4, 2, 1, 300, 40, True), (2, 6, 2, 257, 1000, 80, True),
+    (1, 8, 1, 1000, 257, 128, True), (1, 4, 4, 333, 333, 192, False), (1, 2, 1, 129, 77, 256, True),
+    (2, 8, 2, 1000, 1037, 128, True), (1, 4, 4, 1000, 1000, 40, False), (1, 16, 16, 77, 4096, 64, True),
+    (3, 6, 3, 1023, 1025, 128, False), (1, 4, 1, 700, 900, 256, False), (1, 4, 2, 1000, 300, 128, True),
+]
+
+
+def tma_forward(q, k, v, causal, **kw):
+    """The TMA forward called directly (never version 1 in its place: it refuses what it cannot take)."""
+    assert fa2_fwd_tma.supported(q, k, v) is None
+    return fa2_fwd_tma.forward(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5, **kw)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda t: str(t)[6:])
+@pytest.mark.parametrize("case", TMA_CASES, ids=case_id)
+def test_tma_forward_matches_the_oracle_and_version_1(case, dtype):
+    """Under FlashAttention's rule against the float64 oracle, and against version 1 on the same inputs:
+    the TMA forward's error at most 2x version 1's (the same algorithm; only the way tiles move changed)."""
+    *shape, causal = case
+    q, k, v, do = make_qkv(*shape, dtype=dtype, seed=sum(shape) + 1, device=DEVICE)
+    o, lse = tma_forward(q, k, v, causal)
+    assert_attention_right(q, k, v, do, causal=causal, o=o, lse=lse, floor=FLOOR)
+    o1, lse1 = fa2_fwd.forward(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5)
+    o_ref, _ = reference_gqa(q, k, v, causal=causal)
+    assert_fa_rule(o, o1, o_ref, factor=2.0, floor=FLOOR, name="o (the TMA forward against version 1)")
+    assert_close(lse, lse1, atol=1e-3, rtol=1e-3, name="lse (the TMA forward against version 1)")
+
+
+def test_tma_forward_rows_that_see_nothing_are_zero():
+    q, k, v, _ = make_qkv(1, 4, 2, 1000, 300, 128, torch.float16, seed=13, device=DEVICE)
+    o, lse = tma_forward(q, k, v, True)
+    hidden = 1000 - 300
+    assert torch.all(o[:, :, :hidden] == 0) and torch.all(torch.isneginf(lse[:, :, :hidden]))
+    assert torch.isfinite(lse[:, :, hidden:]).all() and torch.isfinite(o).all()
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda t: str(t)[6:])
+def test_every_forward_candidate_of_this_gpu_runs_the_tma_forward_right(dtype):
+    """Not only the first choice: every forward config the table may fall back to, forced one at a time
+    (each is a different pair of TMA block shapes)."""
+    arch = configs.device_arch(DEVICE)
+    q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, dtype, seed=14, device=DEVICE)
+    o_ref, lse_ref = reference_gqa(q, k, v, causal=True)
+    base = plain_torch_attention(q, k, v, causal=True)
+    tried = 0
+    for cfg in configs.arch_candidates(fa2_fwd_tma.SPEC, arch, 128, 2):
+        try:
+            o, lse = tma_forward(q, k, v, True, config=cfg)
+        except Exception as e:                     # too big for this GPU: the launcher would fall back
+            if type(e).__name__ == "OutOfResources":
+                continue
+            raise
+        tried += 1
+        assert_fa_rule(o, base, o_ref, factor=2.0, name=f"fa2_fwd_tma {cfg} o")
+        assert_close(lse, lse_ref, atol=2e-2, rtol=2e-2, name=f"fa2_fwd_tma {cfg} lse")
+    assert tried > 0
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda t: str(t)[6:])
+@pytest.mark.parametrize("case", [(2, 8, 2, 1000, 1037, 128, True), (1, 8, 8, 1031, 1031, 128, False)],
+                         ids=case_id)
+def test_backward_after_the_tma_forward_is_right_and_bitwise_deterministic(case, dtype, monkeypatch):
+    """flashlib.attention under FLASHLIB_TRITON_FWD=tma: the TMA forward (a spy counts its calls)
+    saves the o and lse version 2's backward reads; gradients right and equal bit for bit."""
+    *shape, causal = case
+    q, k, v, do = make_qkv(*shape, dtype=dtype, seed=15, device=DEVICE)
+    monkeypatch.setenv("FLASHLIB_TRITON_FWD", "tma")
+    monkeypatch.setenv("FLASHLIB_TRITON_BWD", "v2")
+    assert triton_backend.forward_version(q, k, v) == "tma"
+    calls = []
+    real = fa2_fwd_tma.forward
+    monkeypatch.setattr(fa2_fwd_tma, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    first = run_triton(q, k, v, do, causal)
+    again = run_triton(q, k, v, do, causal)
+    assert len(calls) == 2, "FLASHLIB_TRITON_FWD=tma did not run the TMA forward"
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    for name, a, b in zip(("dq", "dk", "dv"), first[2], again[2]):
+        assert torch.equal(a, b), f"{name} differs between identical backward calls"
+    check_against_oracle(q, k, v, do, causal, first)
+
+
+# B·H beyond CUDA's 65,535 on a second grid axis (the TMA forward's grid is flat, like version 1's): 100,000
+# sequences of one head, and B = 1024 x H = 128 with GQA (each program also writes its four descriptors
+# to the launcher's scratch: 512 bytes a program). Every output is checked, a slice of B·H at a time.
+@pytest.mark.parametrize("B,H,HKV", [(100_000, 1, 1), (1024, 128, 8)], ids=["B100000", "B1024xH128-gqa"])
+def test_tma_forward_beyond_65535_batch_heads(B, H, HKV):
+    n, d = 16, 64
+    q, k, v, do = make_qkv(B, H, HKV, n, n, d, torch.float16, seed=16, device=DEVICE)
+    o, lse = tma_forward(q, k, v, True)
+    torch.cuda.synchronize()                   # a launch error surfaces here at the latest
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()      # every program ran (causal, Nq = Nk)
+    base = plain_torch_attention(q, k, v, causal=True)
+    step = max(1, 16384 // H)                  # batch entries per float64 slice
+    for s in range(0, B, step):
+        part = slice(s, s + step)
+        want = plain_torch_attention(*(x[part].double() for x in (q, k, v)), causal=True)
+        assert_fa_rule(o[part], base[part], want, name=f"o (batch {s}..{min(s + step, B) - 1})")
+    # o and lse against the float64 oracle itself on the last batch entry (the last programs launched)
+    last = [x[-1:] for x in (q, k, v, do)]
+    assert_attention_right(*last, causal=True, o=o[-1:], lse=lse[-1:], floor=FLOOR)
+
+
+# ------------------------------------------------------------------ the TMA dK/dV (tensor descriptors)
+
+@pytest.fixture
+def tma_dkdv(monkeypatch):
+    """flashlib.attention with version 1's forward and the TMA dK/dV in version 2's backward
+    (FLASHLIB_TRITON_BWD=tma); a spy records the shape of q at each fa2_bwd_tma.backward call."""
+    monkeypatch.setenv("FLASHLIB_TRITON_FWD", "v1")
+    monkeypatch.setenv("FLASHLIB_TRITON_BWD", "tma")
+    calls = []
+    real = fa2_bwd_tma.backward
+    monkeypatch.setattr(fa2_bwd_tma, "backward", lambda *a, **kw: calls.append(tuple(a[0].shape)) or real(*a, **kw))
+    return calls
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda t: str(t)[6:])
+@pytest.mark.parametrize("case", TMA_CASES, ids=case_id)
+def test_tma_dkdv_gradients_match_the_oracle(case, dtype, tma_dkdv):
+    """Gradients under FlashAttention's rule (3x the plain same-dtype implementation's error) at the TMA
+    forward's shapes: N = 1, lengths no block divides, GQA/MQA (dK/dV summed over a group in the kernel),
+    causal rows that see nothing, d from 40 to 256, and the real configs (N ~ 1000, d = 128)."""
+    *shape, causal = case
+    q, k, v, do = make_qkv(*shape, dtype=dtype, seed=sum(shape) + 2, device=DEVICE)
+    assert triton_backend.backward_version(q, k, v, do) == "tma"
+    got = run_triton(q, k, v, do, causal)
+    assert tma_dkdv == [tuple(q.shape)], "FLASHLIB_TRITON_BWD=tma did not run the TMA dK/dV"
+    check_against_oracle(q, k, v, do, causal, got)
+
+
+TMA_DKDV_DET_CASES = [(2, 8, 2, 1000, 1037, 128, True), (2, 8, 2, 1031, 1031, 128, False),
+                      (1, 8, 8, 1000, 1000, 128, True), (1, 4, 4, 999, 1500, 128, False)]
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda t: str(t)[6:])
+@pytest.mark.parametrize("case", TMA_DKDV_DET_CASES, ids=case_id)
+def test_tma_dkdv_is_bitwise_deterministic_and_right_against_version_2(case, dtype, tma_dkdv):
+    """Two identical backward calls through the TMA dK/dV give the same gradients bit for bit, within
+    FlashAttention's rule of the float64 oracle; on the same inputs (the o and lse flashlib.attention
+    saved) its dK and dV err at most 3x as much as version 2's, and dQ, which version 2's dQ kernel
+    computes in both, is version 2's bit for bit."""
+    *shape, causal = case
+    q, k, v, do = make_qkv(*shape, dtype=dtype, seed=17, device=DEVICE)
+    first = run_triton(q, k, v, do, causal)
+    again = run_triton(q, k, v, do, causal)
+    assert len(tma_dkdv) == 2, "FLASHLIB_TRITON_BWD=tma did not run the TMA dK/dV"
+    for name, a, b in zip(("dq", "dk", "dv"), first[2], again[2]):
+        assert torch.equal(a, b), f"{name} differs between identical backward calls (the TMA dK/dV)"
+    check_against_oracle(q, k, v, do, causal, first)
+    o, lse, grads = first
+    v2 = fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=q.shape[-1] ** -0.5)
+    _, _, g_ref = reference_gqa(q, k, v, causal=causal, do=do)
+    for name, a, b, r in zip(("dq", "dk", "dv"), grads, v2, g_ref):
+        assert_fa_rule(a, b, r, factor=3.0, floor=FLOOR, name=f"{name} (the TMA dK/dV against version 2)")
+    assert torch.equal(grads[0], v2[0]), "dq: the same dQ kernel on the same inputs differs from version 2's"
+
+
+# B·H beyond CUDA's 65,535 programs on a second grid axis: the dK/dV grid is one program per key block
+# of each (batch, kv head), flat like version 2's, so B·Hkv must pass 65,535 (100,000 sequences of one
+# head; B = 1024 x H = Hkv = 128). Each program writes its descriptors to the launcher's scratch. Every
+# gradient is checked, a slice of the batch at a time against a float64 truth (memory stays small at n = 16).
+@pytest.mark.parametrize("B,H,HKV", [(100_000, 1, 1), (1024, 128, 128)], ids=["B100000", "B1024xH128"])
+def test_tma_dkdv_beyond_65535_batch_heads(B, H, HKV, tma_dkdv):
+    n, d = 16, 64
+
+    def attention_and_grads(fn, q, k, v, do):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        o = fn(*leaves)
+        return (o.detach(), *torch.autograd.grad(o, leaves, do))
+    q, k, v, do = make_qkv(B, H, HKV, n, n, d, torch.float16, seed=18, device=DEVICE)
+    o, lse, grads = run_triton(q, k, v, do, True)
+    torch.cuda.synchronize()                   # a launch error surfaces here at the latest
+    assert tma_dkdv == [tuple(q.shape)], "FLASHLIB_TRITON_BWD=tma did not run the TMA dK/dV"
+    assert all(torch.isfinite(g).all() for g in grads)
+    base = attention_and_grads(lambda *x: plain_torch_attention(*x, causal=True), q, k, v, do)
+    step = max(1, 16384 // H)                  # batch entries per float64 slice
+    for s in range(0, B, step):
+        part = slice(s, s + step)
+        want = attention_and_grads(lambda *x: plain_torch_attention(*x, causal=True),
+                                   *(x[part].double() for x in (q, k, v, do)))
+        for name, a, b, w in zip(("dq", "dk", "dv"), grads, base[1:], want[1:]):
+            assert_fa_rule(a[part], b[part], w, factor=3.0, name=f"{name} (batch {s}..{min(s + step, B) - 1})")
+    # every gradient against the float64 oracle itself on the last batch entry (the last programs launched)
+    last = [x[-1:] for x in (q, k, v, do)]
+    assert_attention_right(*last, causal=True, o=o[-1:], lse=lse[-1:], grads=[g[-1:] for g in grads], floor=FLOOR)
 
 
 # ----------------------------------------------------------------------------------------- decoding

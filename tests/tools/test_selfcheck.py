@@ -25,6 +25,21 @@ def test_info_lists_versions_device_and_backends():
                     "CUDA backward; bfloat16: forward v3, CUDA backward") in why, why
 
 
+@pytest.mark.parametrize("variable, default", [("FLASHLIB_TRITON_FWD", "v1"), ("FLASHLIB_TRITON_BWD", "v2")])
+@pytest.mark.parametrize("env, expect", [(None, "{default} (default;"), ("tma", "tma ({variable}) wherever"),
+                                         ("v7", "is not one of ('{default}', 'tma')")])
+def test_info_says_which_triton_kernels_run(monkeypatch, variable, default, env, expect):
+    if env is None:
+        monkeypatch.delenv(variable, raising=False)
+    else:
+        monkeypatch.setenv(variable, env)
+    expect = expect.format(default=default, variable=variable)
+    line = selfcheck._triton_version(variable)
+    assert expect in line
+    key = "triton forward" if variable.endswith("FWD") else "triton backward"
+    assert f"{key}: {line}" in selfcheck.format_info(selfcheck.info())
+
+
 def test_check_passes_for_the_reference_backend():
     rows = selfcheck.check(["reference"])
     assert {r["status"] for r in rows} == {"pass"}

@@ -3,7 +3,11 @@
 One file per kernel, each opening with what changed from the version before it:
 
 * :mod:`flashlib.kernels.triton.fa2_fwd` — FA2 forward (one program per query block and batch·head);
+* :mod:`flashlib.kernels.triton.fa2_fwd_tma` — FA2 forward through tensor descriptors
+  (TMA on sm_90), opt-in with ``FLASHLIB_TRITON_FWD=tma``;
 * :mod:`flashlib.kernels.triton.fa2_bwd` — FA2 backward (D preprocess, dK/dV per key block, dQ per query block);
+* :mod:`flashlib.kernels.triton.fa2_bwd_tma` — its dK/dV kernel through tensor descriptors (TMA on sm_90),
+  opt-in with ``FLASHLIB_TRITON_BWD=tma``;
 * :mod:`flashlib.kernels.triton.decode` — Flash-Decoding (split-KV partial attention, then an LSE combine);
 * :mod:`flashlib.kernels.triton.configs` — block sizes per architecture, pruned by its shared-memory limit;
 * :mod:`flashlib.kernels.triton.kit` — the @triton.jit helpers the kernels share (grid decode, key and

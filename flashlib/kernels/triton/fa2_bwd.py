@@ -82,18 +82,8 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
             row_ok = offs_m < NQ
             q = kit.load_tile(q_base + offs_m * stride_qn, row_ok, offs_d, D, UPCAST)
             do = kit.load_tile(do_base + offs_m * stride_don, row_ok, offs_d, D, UPCAST)
-            lse = kit.load_lse2(LSE + row_base + offs_m, row_ok)               # line 9: L_i and D_i
-            delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # line 10: S_ij, base 2
-            if CAUSAL:
-                if start_m < hi_masked:                # a diagonal block: the causal mask
-                    s = kit.mask_causal(s, offs_m, offs_n, NK - NQ)
-            s = kit.mask_keys(s, offs_n, NK)           # this program's keys past NK, on every block
-            p = tl.math.exp2(s - lse[:, None])                                  # line 11: P_ij
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)   # line 12
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)                # line 13: dP_ij
-            ds = p * (dp - delta[:, None])                                         # line 14: dS_ij
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)   # line 16
+            dk, dv = kit.dkdv_step(dk, dv, q, do, k, v, LSE + row_base, DELTA + row_base, start_m, offs_m,
+                                   offs_n, hi_masked, NQ, NK, qk_scale, CAUSAL, PRECISION)   # lines 9-16
     dk = dk * scale                                    # dS = scale * dS: applied once, at the end
     kit.store_tile(DK + b * stride_dkb + hk * stride_dkh + offs_n * stride_dkn, key_ok, offs_d, D, dk)  # 18
     kit.store_tile(DV + b * stride_dvb + hk * stride_dvh + offs_n * stride_dvn, key_ok, offs_d, D, dv)
@@ -196,11 +186,14 @@ DQ_SPEC = KernelSpec(
 
 
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: bool = False,
-             config_dkdv: Config | None = None, config_dq: Config | None = None):
+             config_dkdv: Config | None = None, config_dq: Config | None = None,
+             dkdv_spec: KernelSpec = DKDV_SPEC):
     """Launch the three backward kernels: ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``.
 
     ``o`` and ``lse`` come from :func:`flashlib.kernels.triton.fa2_fwd.forward`; ``do`` is dL/dO. For GQA,
     ``dk``/``dv`` are summed over the query heads of each group inside the kernel (no expanded copy).
+    ``dkdv_spec``: the dK/dV kernel, this file's or one with its arguments (the TMA dK/dV,
+    :mod:`flashlib.kernels.triton.fa2_bwd_tma`).
 
     Explained in: notebooks/01_naive_attention.
     Tested in: tests/kernels/triton/test_triton_fa2_bwd.py.
@@ -217,7 +210,7 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
     args = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, qk_scale=kit.qk_scale(scale), scale=scale, H=H,
                 GROUP=H // HKV, NQ=NQ, NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d,
                 UPCAST=INTERPRET and q.dtype == torch.bfloat16, PRECISION="tf32" if allow_tf32 else "ieee")
-    launch(DKDV_SPEC, q.device, block_d, es,
-           lambda cfg: DKDV_SPEC.launch(cfg, **args, DK=dk, DV=dv, HKV=HKV), config_dkdv)
+    launch(dkdv_spec, q.device, block_d, es,
+           lambda cfg: dkdv_spec.launch(cfg, **args, DK=dk, DV=dv, HKV=HKV), config_dkdv)
     launch(DQ_SPEC, q.device, block_d, es, lambda cfg: DQ_SPEC.launch(cfg, **args, DQ=dq), config_dq)
     return dq, dk, dv

@@ -9,6 +9,9 @@
 #     which query blocks see a key block in part), bottom-right causal: query i sees key j iff j <= i + Nk - Nq;
 #   * load_tile / store_tile — a (rows, BLOCK_D) tile, rows and padded columns masked, with the
 #     interpreter's bf16 upcast; load_kv — a key block's K_j, V_j; load_lse2 — saved LSEs in base 2;
+#     desc_2d — the tensor descriptor of one (batch, head)'s (N, d) matrix, for the TMA kernels;
+#   * dkdv_step — one query block's contribution to dK_j, dV_j (Algorithm 2, lines 9-16 without 15),
+#     the body of both dK/dV kernels (fa2_bwd's and fa2_bwd_tma's), which differ only in their loads;
 #   * softmax_step — one step of the online softmax (Algorithm 1, lines 9-10), in base 2, and finish —
 #     its end (lines 12-13): O = acc / l, L = ln 2 (m + log2 l); a row that saw nothing: O = 0, L = -inf;
 #   * one masking policy: only the blocks the ranges call partial are masked, by mask_keys (keys past
@@ -35,7 +38,8 @@ import math
 from . import tl, triton
 
 __all__ = ["LOG2E", "LN2", "FULL", "MASKED", "qk_scale", "unflatten", "key_range", "query_range", "load_tile",
-           "store_tile", "load_lse2", "load_kv", "softmax_step", "mask_keys", "mask_causal", "mask_scores", "attend", "finish"]
+           "store_tile", "load_lse2", "load_kv", "softmax_step", "mask_keys", "mask_causal", "mask_scores", "attend", "finish",
+           "dkdv_step", "desc_2d"]
 
 # tl.constexpr: Triton reads a global inside a kernel only if it is one (``LOG2E.value`` in Python).
 LOG2E = tl.constexpr(math.log2(math.e))   # exp(x) = exp2(x * LOG2E): exp2 is the GPU's native exponential
@@ -225,3 +229,39 @@ def attend(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_
             s = mask_scores(s, offs_m, rows, NK, offset, CAUSAL)
         m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PRECISION, STAGE == MASKED)
     return acc, l_i, m_i
+
+
+@triton.jit
+def desc_2d(base, N, D, stride_n, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A tensor descriptor of the (N, D) matrix at ``base`` with row stride ``stride_n``, read and written
+    in (ROWS, BLOCK_D) tiles: rows past N and columns past D load as 0 and are never stored. On sm_90 its
+    loads and stores are TMA copies (the TMA kernels: fa2_fwd_tma, fa2_bwd_tma).
+
+    Explained in: notebooks/07_triton."""
+    return tl.make_tensor_descriptor(base, shape=[N, D], strides=[stride_n, 1], block_shape=[ROWS, BLOCK_D])
+
+
+@triton.jit
+def dkdv_step(dk, dv, q, do, k, v, LSE, DELTA, start_m, offs_m, offs_n, hi_masked, NQ, NK, qk_scale,
+              CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """Algorithm 2, lines 9-16 without line 15: query block ``q``, ``do`` (BLOCK_M, BLOCK_D), rows
+    ``offs_m`` from ``start_m``, against key block ``k``, ``v`` (BLOCK_N, BLOCK_D), keys ``offs_n``; ``LSE``/``DELTA`` point
+    at the head's row 0. Returns dK_j, dV_j with this block added (dK not yet scaled). The causal mask
+    only where the block starts before ``hi_masked`` (the diagonal, :func:`query_range`); keys past NK on
+    every block.
+
+    Explained in: notebooks/07_triton."""
+    row_ok = offs_m < NQ
+    lse = load_lse2(LSE + offs_m, row_ok)                               # line 9: L_i and D_i
+    delta = tl.load(DELTA + offs_m, mask=row_ok, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # line 10: S_ij, base 2
+    if CAUSAL:
+        if start_m < hi_masked:                         # a diagonal block: the causal mask
+            s = mask_causal(s, offs_m, offs_n, NK - NQ)
+    s = mask_keys(s, offs_n, NK)                        # keys past NK, on every block
+    p = tl.math.exp2(s - lse[:, None])                                  # line 11: P_ij
+    dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)   # line 12
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)                # line 13: dP_ij
+    ds = p * (dp - delta[:, None])                                         # line 14: dS_ij
+    dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)   # line 16
+    return dk, dv

@@ -13,7 +13,7 @@ from conftest import DEVICE
 
 import flashlib.kernels.triton as ft
 from flashlib.hardware import CUDA_GRID_MAX
-from flashlib.kernels.triton import configs, fa2_bwd, fa2_fwd
+from flashlib.kernels.triton import configs, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma
 from flashlib.kernels.triton import decode as tdecode
 from flashlib.kernels.triton.configs import Config
 from flashlib.kernels.triton.spec import KernelSpec
@@ -141,6 +141,9 @@ def test_every_launcher_passes_its_grid_helper_within_cuda_limits(monkeypatch, B
     monkeypatch.setattr(KernelSpec, "_run", record)
     q, k, v, do = (torch.zeros(B, h, N, 1, device=DEVICE) for h in (H, HKV, HKV, H))
     o, lse = fa2_fwd.forward(q, k, v, causal=True, scale=1.0)
+    q8, k8, v8 = (torch.zeros(B, h, N, 8, dtype=torch.float16, device=DEVICE) for h in (H, HKV, HKV))
+    o8, lse8 = fa2_fwd_tma.forward(q8, k8, v8, causal=True, scale=1.0)     # the TMA kernels: 16-byte rows
+    fa2_bwd_tma.backward(q8, k8, v8, o8, lse8, torch.zeros_like(q8), causal=True, scale=1.0)
     fa2_bwd.backward(q, k, v, o, lse, do, causal=True, scale=1.0)
     lens = torch.full((B,), N, dtype=torch.int32, device=DEVICE)
     tdecode.decode(q[:, :, :1], k, v, lens, num_splits=3, scale=1.0)       # one new token per sequence
@@ -150,8 +153,11 @@ def test_every_launcher_passes_its_grid_helper_within_cuda_limits(monkeypatch, B
     a = {name: args for name, (_, args) in launches.items()}
     assert launches["fa2_fwd"][0] == fa2_fwd.grid(B, H, N, a["fa2_fwd"]["BLOCK_M"])
     assert a["fa2_fwd"]["stride_kh"] == k.stride(1) and a["fa2_fwd"]["GROUP"] == H // HKV
+    assert launches["fa2_fwd_tma"][0] == fa2_fwd_tma.grid(B, H, N, a["fa2_fwd_tma"]["BLOCK_M"])
+    assert a["fa2_fwd_tma"]["stride_kh"] == k8.stride(1) and a["fa2_fwd_tma"]["GROUP"] == H // HKV
     assert launches["fa2_bwd_preprocess"][0] == fa2_bwd.grid_preprocess(B, H, N)
     assert launches["fa2_bwd_dkdv"][0] == fa2_bwd.grid_dkdv(B, HKV, N, a["fa2_bwd_dkdv"]["BLOCK_N"])
+    assert launches["fa2_bwd_dkdv_tma"][0] == fa2_bwd.grid_dkdv(B, HKV, N, a["fa2_bwd_dkdv_tma"]["BLOCK_N"])
     assert launches["fa2_bwd_dq"][0] == fa2_bwd.grid_dq(B, H, N, a["fa2_bwd_dq"]["BLOCK_M"])
     assert launches["decode_split"][0] == tdecode.grid_split(B, HKV, H // HKV, 1,
                                                              a["decode_split"]["BLOCK_M"], 3)

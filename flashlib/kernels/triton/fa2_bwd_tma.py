@@ -1,0 +1,99 @@
+# fa2_bwd_tma.py — the FlashAttention-2 backward's dK/dV kernel through tensor descriptors (TMA on
+#   Hopper), version 5 of the Triton kernels ("the TMA dK/dV"). Version 2 (fa2_bwd.py) stays, unchanged,
+#   and stays the default; the D preprocess and the dQ kernel are version 2's, launched by its backward.
+# Changed from version 2's _bwd_dkdv: K_j and V_j, every Q_i and dO_i tile, and the stores of dK_j and
+#   dV_j go through 2-D descriptors of their (batch, head), as in the TMA forward (fa2_fwd_tma.py,
+#   version 4): no address arithmetic and no load masks in the warps; rows past N and columns past d
+#   read as 0, and the stores drop them. The loops and the GQA sum over a group's query heads are
+#   version 2's, and the step of the inner loop (recomputing P, the masks, dV, dP, dS, dK) is its very
+#   function, kit.dkdv_step.
+#   Why this kernel first: it holds two fp32 accumulators (dK_j, dV_j) plus K_j, V_j and the P/dS tiles,
+#   and it is the one that spills. Cross-compiled for sm_90 by triton 3.9 at the config an H100
+#   measured fastest and right (M64-N64-w4-s2, d = 128, fp16, causal), version 2 spills 276 bytes per
+#   thread and this kernel 4 (the compile report's rows; tests/tools/test_compile_report.py checks it).
+# Idea: the TMA forward's descriptors applied to Dao 2023 (FlashAttention-2), Algorithm 2, lines 5-18
+#   without line 15; FlashAttention-3 (Shah et al. 2024) moves every tile of its backward with TMA.
+# Limits: the TMA forward's (fp16/bf16; strides and (batch, head) starts multiples of 16 bytes, so d a
+#   multiple of 8 for contiguous tensors: fa2_fwd_tma.supported, given dO too). It runs with the dK/dV
+#   config tables and configs.hazard's rule, as version 2 does. Measured on no GPU yet: opt-in with
+#   FLASHLIB_TRITON_TMA=1 (with the TMA forward), and its determinism on a GPU is a GPU-tier test.
+# Run: flashlib.kernels.triton.fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=True, scale=d ** -0.5);
+#   interpreted on a CPU.
+"""The FA2 backward with its dK/dV kernel through tensor descriptors (TMA on sm_90).
+
+Explained in: notebooks/07_triton (section "What Hopper adds")."""
+from __future__ import annotations
+
+from . import kit, triton, tl
+from . import fa2_bwd
+from .configs import Config
+from .fa2_fwd_tma import supported, with_scratch
+from .spec import KernelSpec
+
+__all__ = ["backward", "DKDV_SPEC"]
+
+
+@triton.jit
+def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
+                  stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                  stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+                  stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                  qk_scale, scale, H, HKV, GROUP, NQ, NK, D,
+                  CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    pid_n, pid_bhk = kit.unflatten(tl.program_id(0), tl.cdiv(NK, BLOCK_N))   # line 5: key block j ...
+    hk, b = kit.unflatten(pid_bhk, HKV)                # ... of batch b, kv head hk
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)           # (BLOCK_N,) key rows
+    offs_m0 = tl.arange(0, BLOCK_M)
+    k = kit.desc_2d(K + b * stride_kb + hk * stride_kh, NK, D, stride_kn, BLOCK_N, BLOCK_D).load([start_n, 0])
+    v = kit.desc_2d(V + b * stride_vb + hk * stride_vh, NK, D, stride_vn, BLOCK_N, BLOCK_D).load([start_n, 0])
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)      # line 7: dK_j = dV_j = 0 on chip
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # Causal: query blocks before lo see none of key block j; those starting before hi_masked see part.
+    lo, hi_masked = kit.query_range(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    for g in range(0, GROUP):                          # GQA: every query head reading kv head hk
+        h = hk * GROUP + g
+        q_desc = kit.desc_2d(Q + b * stride_qb + h * stride_qh, NQ, D, stride_qn, BLOCK_M, BLOCK_D)
+        do_desc = kit.desc_2d(DO + b * stride_dob + h * stride_doh, NQ, D, stride_don, BLOCK_M, BLOCK_D)
+        row_base = (b * H + h) * NQ
+        for start_m in range(lo, NQ, BLOCK_M):         # line 8: for the query blocks i
+            q = q_desc.load([start_m, 0])              # Q_i, dO_i: one TMA copy each
+            do = do_desc.load([start_m, 0])
+            if UPCAST:
+                q = q.to(tl.float32)
+                do = do.to(tl.float32)
+            dk, dv = kit.dkdv_step(dk, dv, q, do, k, v, LSE + row_base, DELTA + row_base, start_m,
+                                   start_m + offs_m0, offs_n, hi_masked, NQ, NK, qk_scale, CAUSAL,
+                                   PRECISION)          # lines 9-16, version 2's own step
+    dk = dk * scale                                    # dS = scale * dS: applied once, at the end
+    kit.desc_2d(DK + b * stride_dkb + hk * stride_dkh, NK, D, stride_dkn, BLOCK_N, BLOCK_D).store(
+        [start_n, 0], dk.to(DK.dtype.element_ty))      # line 18: rows past NK are dropped
+    kit.desc_2d(DV + b * stride_dvb + hk * stride_dvh, NK, D, stride_dvn, BLOCK_N, BLOCK_D).store(
+        [start_n, 0], dv.to(DV.dtype.element_ty))
+
+
+DKDV_SPEC = KernelSpec(
+    "fa2_bwd_dkdv_tma", _bwd_dkdv_tma, pointers=fa2_bwd.DKDV_SPEC.pointers, strides=fa2_bwd.DKDV_SPEC.strides,
+    scalars=fa2_bwd.DKDV_SPEC.scalars, constexprs=fa2_bwd.DKDV_SPEC.constexprs, grid=fa2_bwd.DKDV_SPEC.grid,
+    config="bwd_dkdv", smem=fa2_bwd.smem_dkdv)
+
+
+def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, config_dkdv: Config | None = None,
+             config_dq: Config | None = None):
+    """Version 2's backward (:func:`flashlib.kernels.triton.fa2_bwd.backward`) with this file's dK/dV
+    kernel: ``(dq, dk, dv)``. Raises ValueError if :func:`flashlib.kernels.triton.fa2_fwd_tma.supported`
+    refuses q, k, v or do.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_fa2_bwd_tma.py.
+    """
+    why = supported(q, k, v, do)
+    if why is not None:
+        raise ValueError(f"fa2_bwd_tma.backward: {why}")
+    return with_scratch(lambda: fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=scale,
+                                                 config_dkdv=config_dkdv, config_dq=config_dq,
+                                                 dkdv_spec=DKDV_SPEC))

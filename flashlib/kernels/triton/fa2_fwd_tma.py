@@ -1,0 +1,183 @@
+# fa2_fwd_tma.py — FlashAttention-2 forward in Triton through tensor descriptors (TMA on Hopper), version 4
+#   of the Triton kernels ("the TMA forward"). Version 1 (fa2_fwd.py) stays, unchanged, and stays the default.
+# Changed from version 1: every tile moves through a tensor descriptor instead of a grid of pointers.
+#   Each program makes four 2-D descriptors on the device (tl.make_tensor_descriptor): Q, K, V and O
+#   of its own (batch, head), shape (N, d), row stride from the tensor, block (rows, BLOCK_D). A
+#   descriptor knows the tensor's bounds, so the loads need no masks: rows past N and columns past d
+#   read 0 (the padding="zero" rule), and the store of O drops them. On sm_90 Triton lowers a
+#   descriptor load to TMA (the Tensor Memory Accelerator: one thread asks for a whole tile, the copy
+#   engine writes it into shared memory and signals an mbarrier, no address arithmetic in the warps);
+#   below sm_90 Triton rewrites descriptors back into pointer loads, so the kernel runs everywhere.
+#   The key loop is a tl.range(..., warp_specialize=WARP_SPECIALIZE): asked for, Triton's Hopper
+#   warp-specialization pass would split the loop into a producer warp group that only issues TMA
+#   copies and consumer warp groups that only run wgmma and the softmax (FlashAttention-3's
+#   producer/consumer split, done by the compiler). It is off by default because triton 3.9 cannot do
+#   it for this loop yet: cross-compiled for sm_90 with 4 warps its NVGPUWarpSpecialization pass fails
+#   (an MLIR dominance assertion), with 8 warps it leaves the loop whole (no setmaxnreg, one partition);
+#   Triton's own tutorial says its warp specialization "only works on Blackwell right now"
+#   (tests/kernels/triton/test_triton_fa2_fwd_tma.py keeps both facts checked). The online softmax,
+#   masks, key ranges and the epilogue are version 1's own (flashlib.kernels.triton.kit): only the way
+#   tiles move changed.
+# Idea: Shah et al. 2024 (FlashAttention-3), section 3.1 (producer/consumer warp specialization with
+#   TMA); Triton's fused-attention tutorial (its tensor-descriptor variant); Dao 2023, Algorithm 1.
+# Limits: what TMA requires of the memory — fp16 or bf16 (fp32 inputs run version 1), the last dim
+#   contiguous, every other stride and each (batch, head) start a multiple of 16 bytes (d a multiple of
+#   8 for contiguous tensors; d = 40, 64, 128 yes, 59 and 111 no): :func:`supported` says whether a
+#   call qualifies and why not. Device-side descriptors need a global scratch buffer (128 bytes per
+#   descriptor per program): the launcher supplies it through triton.set_allocator, scoped to its own
+#   launch (a copy of the context), so the caller's allocator is left alone. Head dim <= 256, any B·H
+#   (flat grid), 32-bit offsets as version 1. Measured on no GPU yet: it is opt-in
+#   (FLASHLIB_TRITON_FWD=tma, or this module's forward directly), and `flashlib bench` times it beside version 1.
+# Run: flashlib.kernels.triton.fa2_fwd_tma.forward(q, k, v, causal=True, scale=d ** -0.5); on a CPU it
+#   runs in Triton's interpreter, which checks the descriptors' alignment rules too.
+"""FlashAttention-2 forward through tensor descriptors (TMA on sm_90); warp specialization as an experiment.
+
+Explained in: notebooks/07_triton (section "What Hopper adds")."""
+from __future__ import annotations
+
+import contextvars
+
+import torch
+
+from . import INTERPRET, kit, triton, tl
+from .configs import Config, launch
+from .fa2_fwd import grid, smem_estimate   # version 1's grid and tiles: one program per query block
+from .spec import KernelSpec
+
+__all__ = ["forward", "supported", "with_scratch", "SPEC"]
+
+
+@triton.jit
+def _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, lo, hi, NK, offset, qk_scale,
+                 BLOCK_N: tl.constexpr, STAGE: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+                 PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """kit.attend with descriptor loads: Algorithm 1, lines 6-10, for the key blocks in [lo, hi).
+    A descriptor zero-fills keys past NK, so only the scores need a mask (MASKED stage)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        k = k_desc.load([start_n, 0])                     # line 7: K_j (BLOCK_N, BLOCK_D), one TMA copy
+        v = v_desc.load([start_n, 0])                     #         V_j
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # line 8: S_ij, base 2
+        if STAGE == kit.MASKED:
+            s = kit.mask_scores(s, offs_m, start_n + offs_n, NK, offset, CAUSAL)
+        m_i, l_i, acc = kit.softmax_step(m_i, l_i, acc, s, v, PRECISION, STAGE == kit.MASKED)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_tma_kernel(Q, K, V, O, LSE,
+                    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                    stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+                    qk_scale, H, GROUP, NQ, NK, D,
+                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                    WARP_SPECIALIZE: tl.constexpr):
+    pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))   # line 3: query block i ...
+    h, b = kit.unflatten(pid_bh, H)                   # ... of batch b, head h
+    hk = h // GROUP                                   # GQA: the kv head this query head reads
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)          # (BLOCK_M,) query rows
+    # One 2-D descriptor per tensor for this (batch, head): shape (N, D), so rows past N and columns
+    # past D read as 0 and are never written.
+    q_desc = kit.desc_2d(Q + b * stride_qb + h * stride_qh, NQ, D, stride_qn, BLOCK_M, BLOCK_D)
+    k_desc = kit.desc_2d(K + b * stride_kb + hk * stride_kh, NK, D, stride_kn, BLOCK_N, BLOCK_D)
+    v_desc = kit.desc_2d(V + b * stride_vb + hk * stride_vh, NK, D, stride_vn, BLOCK_N, BLOCK_D)
+    o_desc = kit.desc_2d(O + b * stride_ob + h * stride_oh, NQ, D, stride_on, BLOCK_M, BLOCK_D)
+    q = q_desc.load([start_m, 0])                     # line 4: Q_i (BLOCK_M, BLOCK_D)
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)      # line 5: m_i = -inf, l_i = 0, O_i = 0
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # line 6: the key blocks every row sees (no mask), then the diagonal / ragged ones (masked).
+    lo_masked, hi = kit.key_range(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, l_i, m_i = _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, lo_masked, NK, NK - NQ,
+                                 qk_scale, BLOCK_N, kit.FULL, CAUSAL, UPCAST, PRECISION, WARP_SPECIALIZE)
+    acc, l_i, m_i = _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, lo_masked, hi, NK, NK - NQ,
+                                 qk_scale, BLOCK_N, kit.MASKED, CAUSAL, UPCAST, PRECISION, WARP_SPECIALIZE)
+    o, lse = kit.finish(acc, l_i, m_i)                        # lines 12-13: O_i, L_i (natural log)
+    o_desc.store([start_m, 0], o.to(O.dtype.element_ty))     # line 14: rows past NQ are dropped
+    tl.store(LSE + pid_bh * NQ + offs_m, lse, mask=offs_m < NQ)                                 # 15
+
+
+SPEC = KernelSpec(
+    "fa2_fwd_tma", _fwd_tma_kernel,
+    pointers=dict(Q="in", K="in", V="in", O="in", LSE="fp32"), strides=("Q", "K", "V", "O"),
+    scalars=dict(qk_scale="fp32", H="i32", GROUP="i32", NQ="i32", NK="i32", D="i32"),
+    constexprs=("CAUSAL", "BLOCK_M", "BLOCK_N", "BLOCK_D", "UPCAST", "PRECISION", "WARP_SPECIALIZE"),
+    grid=lambda a: grid(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
+    config="fwd", smem=smem_estimate)
+
+
+def supported(q, k, v, do=None) -> str | None:
+    """None if tensor descriptors can carry these tensors (and ``do``, for the backward), else why not
+    (one sentence).
+
+    TMA's rules: fp16/bf16 here, the last dim contiguous, every other stride and every (batch, head)
+    start a multiple of 16 bytes, the base 16-byte aligned.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
+    """
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"the TMA forward takes float16 or bfloat16, got {q.dtype} (version 1 runs it)"
+    for name, t in (("q", q), ("k", k), ("v", v), ("do", do)):
+        if t is None:
+            continue
+        if t.stride(-1) != 1:
+            return f"{name}'s last dim is not contiguous (stride {t.stride(-1)})"
+        bad = [s for s in t.stride()[:-1] if (s * t.element_size()) % 16]
+        if bad or t.data_ptr() % 16:
+            return (f"{name}'s strides {tuple(t.stride())} or its start are not multiples of 16 bytes "
+                    f"(TMA needs them; d = {t.shape[-1]}: a multiple of 8 for contiguous tensors)")
+    return None
+
+
+def _scratch(size: int, alignment: int, stream):
+    """Triton's allocator protocol: global scratch for the descriptors each program writes."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def with_scratch(run):
+    """``run()`` with :func:`_scratch` as Triton's allocator, in a copy of the current context: the
+    caller's own allocator (triton.set_allocator keeps it in a ContextVar) is untouched afterwards.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
+    """
+    def inner():
+        triton.set_allocator(_scratch)
+        return run()
+    return contextvars.copy_context().run(inner)
+
+
+def forward(q, k, v, *, causal: bool, scale: float, config: Config | None = None,
+            warp_specialize: bool = False):
+    """Launch the TMA forward: ``(o, lse)`` for ``q (B, H, Nq, d)``, ``k, v (B, Hkv, Nk, d)``.
+
+    Same contract as :func:`flashlib.kernels.triton.fa2_fwd.forward` (and the same config tables);
+    raises ValueError if :func:`supported` refuses the tensors. ``warp_specialize``: ask Triton to
+    warp-specialize the key loop (an experiment: triton 3.9 cannot for this loop, see the header).
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
+    """
+    why = supported(q, k, v)
+    if why is not None:
+        raise ValueError(f"fa2_fwd_tma.forward: {why}")
+    B, H, NQ, D = q.shape
+    HKV, NK = k.shape[1], k.shape[2]
+    block_d = max(16, triton.next_power_of_2(D))
+    if not isinstance(warp_specialize, bool):
+        raise TypeError(f"fa2_fwd_tma.forward: warp_specialize must be a bool, got {warp_specialize!r}")
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
+    args = dict(Q=q, K=k, V=v, O=o, LSE=lse, qk_scale=kit.qk_scale(scale), H=H, GROUP=H // HKV, NQ=NQ,
+                NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d, UPCAST=INTERPRET and q.dtype == torch.bfloat16,
+                PRECISION="ieee", WARP_SPECIALIZE=warp_specialize)
+    launch(SPEC, q.device, block_d, q.element_size(),
+           lambda cfg: with_scratch(lambda: SPEC.launch(cfg, **args)), config)
+    return o, lse
