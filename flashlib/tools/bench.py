@@ -6,7 +6,11 @@ element forward, 2.5x that backward, halved for causal), and decode bandwidth in
 across sequence lengths N. Timing: ``triton.testing.do_bench`` (CUDA events, warm-up, median).
 torch's SDPA is timed in the same process once per backend (FlashAttention-2, cuDNN, memory-efficient),
 forced with ``torch.nn.attention.sdpa_kernel``; speed is the ratio of their times to flashlib's
-(:func:`ratios`).
+(:func:`ratios`). The Triton kernels are timed in both forms: row "flashlib" runs versions 1 and 2
+(forward and backward, pointer loads) and row "flashlib-tma" the TMA kernels (the TMA forward and the
+TMA dK/dV: tensor descriptors, TMA on sm_90), each forced through ``FLASHLIB_TRITON_FWD`` and
+``FLASHLIB_TRITON_BWD`` around its own calls (:func:`triton_kernels`), so the two rows differ only in
+how the kernels move their tiles.
 
 A run can be saved (``python -m flashlib bench --save FILE.json``, :func:`save`): the file records the
 GPU, driver, CUDA, torch, triton, flashlib's version and git commit, the UTC date, the configuration
@@ -25,6 +29,7 @@ import contextlib
 import datetime
 import json
 import math
+import os
 import pathlib
 import re
 import subprocess
@@ -32,8 +37,9 @@ import sys
 import warnings
 from typing import Callable
 
-__all__ = ["SCHEMA", "SDPA_BACKENDS", "FLASHLIB_IMPLS", "CUDA_NO_BACKWARD", "attention_flops", "decode_bytes", "environment", "run", "ratios",
-           "save", "load", "plot", "plot_file", "main"]
+__all__ = ["SCHEMA", "SDPA_BACKENDS", "FLASHLIB_IMPLS", "TRITON_KERNELS", "CUDA_NO_BACKWARD",
+           "TMA_NO_DECODE", "TMA_REFUSED", "attention_flops", "decode_bytes", "environment", "triton_kernels", "run",
+           "ratios", "save", "load", "plot", "plot_file", "main"]
 
 DEFAULT_NS = (512, 1024, 2048, 4096, 8192, 16384)
 SCHEMA = "flashlib-bench/1"        # the result file's format; a change to it gets a new number
@@ -43,9 +49,21 @@ SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION
 # flashlib's rows: the backend each times. "flashlib-cuda" runs kernel v3 (mma.sync) for float16/bfloat16
 # and v1 for float32 (flashlib.kernels.cuda.pick_version), and the CUDA backward (fa2_bwd_v1_mma) where it
 # applies; where it does not (float32, d > 128) the backend's backward is Triton's, not timed twice.
-FLASHLIB_IMPLS = {"flashlib": "triton", "flashlib-cuda": "cuda"}
+# "flashlib-tma" is backend "triton" with the TMA kernels (flashlib.kernels.triton.fa2_fwd_tma, and
+# fa2_bwd_tma's dK/dV in the backward); its decode is row "flashlib"'s kernel, not timed twice.
+FLASHLIB_IMPLS = {"flashlib": "triton", "flashlib-tma": "triton", "flashlib-cuda": "cuda"}
+# The Triton rows' kernels, (FLASHLIB_TRITON_FWD, FLASHLIB_TRITON_BWD), set around each row's calls only:
+# "flashlib" is pinned too, so that a reader's own FLASHLIB_TRITON_FWD=tma cannot make both rows time
+# the TMA kernels.
+TRITON_KERNELS = {"flashlib": ("v1", "v2"), "flashlib-tma": ("tma", "tma")}
 CUDA_NO_BACKWARD = ("not timed: backend='cuda' takes the Triton kernel's backward here, timed in row "
                     "'flashlib'")
+TMA_NO_DECODE = ("not timed: the TMA kernels are a forward and a dK/dV; the decode kernel is the one timed "
+                 "in row 'flashlib'")
+TMA_REFUSED = ("the TMA kernels do not take these tensors (versions 1 and 2, which FLASHLIB_TRITON_FWD/BWD=tma "
+               "run instead, are row 'flashlib')")
+# plot: the line style of each of flashlib's rows against SDPA (bottom panels)
+LINESTYLES = {"flashlib": "-", "flashlib-tma": "-.", "flashlib-cuda": "--"}
 TIMES = ("fwd_ms", "bwd_ms", "decode_ms")          # what a row measures, in milliseconds per call
 DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}     # bench dtypes and their bytes per element
 DEFAULT_TIMER = "triton.testing.do_bench(return_mode='median')"
@@ -137,6 +155,32 @@ def _measure(call: Callable, refusals: tuple = ()) -> tuple[float | None, str | 
         except refusals as e:
             said = dict.fromkeys(" ".join(str(w.message).split()) for w in caught)
             return None, " ".join([*said, f"{type(e).__name__}: {e}"])[:_WHY_MAX]
+
+
+@contextlib.contextmanager
+def triton_kernels(forward: str, backward: str):
+    """Run the body with ``FLASHLIB_TRITON_FWD=forward`` and ``FLASHLIB_TRITON_BWD=backward`` (the Triton
+    backend's kernels: flashlib.backends.triton.FORWARD_VERSIONS, BACKWARD_VERSIONS), then restore both
+    variables as they were (unset if they were unset), also when the body raises.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
+    """
+    from ..backends.triton import BACKWARD_VERSIONS, FORWARD_VERSIONS
+    wanted = {"FLASHLIB_TRITON_FWD": (forward, FORWARD_VERSIONS), "FLASHLIB_TRITON_BWD": (backward, BACKWARD_VERSIONS)}
+    for variable, (version, versions) in wanted.items():
+        if version not in versions:
+            raise ValueError(f"triton_kernels: {variable} must be one of {versions}, got {version!r}")
+    before = {variable: os.environ.get(variable) for variable in wanted}
+    os.environ.update({variable: version for variable, (version, _) in wanted.items()})
+    try:
+        yield
+    finally:
+        for variable, value in before.items():
+            if value is None:
+                os.environ.pop(variable, None)
+            else:
+                os.environ[variable] = value
 
 
 def _backward(fn, q, k, v, do):
@@ -246,10 +290,11 @@ def _with_throughput(row: dict, config: dict) -> dict:
 
 
 def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype="float16", causal=False,
-        device="cuda", timer: Callable | None = None, progress=True, cuda=True) -> dict:
-    """Time forward, backward and decode of "flashlib" (the Triton kernels), "flashlib-cuda" (the CUDA
-    C++ kernels; unless ``cuda=False``), torch SDPA forced to each of its backends
-    ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient") and "naive" at each N.
+        device="cuda", timer: Callable | None = None, progress=True, cuda=True, tma=True) -> dict:
+    """Time forward, backward and decode of "flashlib" (the Triton kernels, versions 1 and 2),
+    "flashlib-tma" (the TMA forward and the TMA dK/dV: tensor descriptors; no decode; unless
+    ``tma=False``), "flashlib-cuda" (the CUDA C++ kernels; unless ``cuda=False``), torch SDPA forced to
+    each of its backends ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient") and "naive" at each N.
 
     Returns ``{"environment": environment(device), "config": {"ns", "batch", "heads", "kv_heads",
     "head_dim", "dtype", "causal", "timer"}, "rows": [{"n", "impl", "fwd_ms", "bwd_ms", "decode_ms",
@@ -257,7 +302,12 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
     out of memory, an SDPA backend refused the shape or dtype, or a flashlib backend cannot run here
     (for example CuPy missing for "flashlib-cuda"); ``why`` maps each such time to the reason (nothing
     is dropped silently; "flashlib-cuda" has no backward time where its backward is Triton's:
-    :data:`CUDA_NO_BACKWARD`). SDPA gets K and V already expanded to H heads (outside the
+    :data:`CUDA_NO_BACKWARD`). "flashlib-tma" never has a decode time (:data:`TMA_NO_DECODE`: the
+    kernel is row "flashlib"'s), and no time at all where the TMA kernels do not take the tensors
+    (float32, a head dim that is not a multiple of 8: the reason of
+    flashlib.kernels.triton.fa2_fwd_tma.supported; versions 1 and 2 are never timed in their place). Each
+    Triton row sets ``FLASHLIB_TRITON_FWD`` and ``FLASHLIB_TRITON_BWD`` around its own calls only
+    (:data:`TRITON_KERNELS`, :func:`triton_kernels`). SDPA gets K and V already expanded to H heads (outside the
     timing). ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench`` (median); tests pass another to
     run the plumbing on a CPU at tiny sizes.
 
@@ -275,14 +325,20 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
     _check_config(config, "run")
     if not isinstance(cuda, bool):
         raise TypeError(f"run: cuda must be a bool (time the 'flashlib-cuda' row or not), got {cuda!r}")
+    if not isinstance(tma, bool):
+        raise TypeError(f"run: tma must be a bool (time the 'flashlib-tma' row or not), got {tma!r}")
     if timer is None:
         from triton.testing import do_bench
         timer = lambda fn: do_bench(fn, return_mode="median")            # noqa: E731
     env = environment(device)
     kv_heads, dt, group = config["kv_heads"], getattr(torch, dtype), heads // config["kv_heads"]
     sdpa = _sdpa_contexts()
-    mine = {name: backend for name, backend in FLASHLIB_IMPLS.items() if cuda or backend != "cuda"}
+    skipped = {name for name, wanted in (("flashlib-cuda", cuda), ("flashlib-tma", tma)) if not wanted}
+    mine = {name: backend for name, backend in FLASHLIB_IMPLS.items() if name not in skipped}
     untimed = {}                                   # per impl: {time: why} it is not timed (same at every N)
+    if tma:
+        from ..kernels.triton import fa2_fwd_tma
+        untimed["flashlib-tma"] = {"decode_ms": TMA_NO_DECODE}
     if cuda:
         from ..kernels import cuda as cuda_kernels
         why_not = cuda_kernels.backward_supported(torch.empty(1, 1, 1, head_dim, dtype=dt, device=device))
@@ -308,12 +364,17 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
             else:
                 dec = lambda: fn(q1, kk, vv)                                               # noqa: E731
             context, why_not = sdpa.get(name, (contextlib.nullcontext, None))   # non-SDPA: forces nothing
+            if name in TRITON_KERNELS:      # the Triton rows: their kernels, around their calls only
+                context = lambda versions=TRITON_KERNELS[name]: triton_kernels(*versions)   # noqa: E731
+            skip = dict(untimed.get(name, {}))
+            if name == "flashlib-tma" and (tma_why := fa2_fwd_tma.supported(q, k, v, do)) is not None:
+                skip["fwd_ms"] = f"{TMA_REFUSED}: {tma_why}"[:_WHY_MAX]   # not versions 1/2 under its name
             if why_not:
                 times, why = dict.fromkeys(TIMES), dict.fromkeys(TIMES, why_not)
             else:
                 # SDPA refusing a shape, or the CUDA backend unable to run here (no CuPy): a reason
                 refusals = (RuntimeError,) if name in SDPA_BACKENDS or name == "flashlib-cuda" else ()
-                times, why = _time_impl(timer, fn, dec, (q, kk, vv, do), context, refusals, untimed.get(name))
+                times, why = _time_impl(timer, fn, dec, (q, kk, vv, do), context, refusals, skip)
             rows.append(_with_throughput({"n": n, "impl": name, **times, "why": why}, config))
     return {"environment": env, "config": config, "rows": rows}
 
@@ -463,7 +524,8 @@ def ratios(results: dict, impl: str = "flashlib") -> list[dict]:
 
 
 def _flashlib_impls(results: dict) -> list[str]:
-    """flashlib's rows in ``results`` ("flashlib", and "flashlib-cuda" where it was timed)."""
+    """flashlib's rows in ``results`` ("flashlib", and "flashlib-tma" and "flashlib-cuda" where they were
+    timed), in :data:`FLASHLIB_IMPLS`'s order."""
     present = {r["impl"] for r in results["rows"]}
     return [impl for impl in FLASHLIB_IMPLS if impl in present]
 
@@ -482,8 +544,9 @@ def _title(results: dict) -> str:
 
 def plot(results: dict, path=None):
     """Top: forward TFLOP/s, backward TFLOP/s and decode GB/s of each implementation against N; bottom:
-    the speed of flashlib's rows relative to each SDPA backend (:func:`ratios`; dashed: "flashlib-cuda"). Titled with where, with what and
-    when it was measured; saved if ``path``.
+    the speed of flashlib's rows relative to each SDPA backend (:func:`ratios`; line style per row,
+    :data:`LINESTYLES`: solid "flashlib", dash-dot "flashlib-tma", dashed "flashlib-cuda"). Titled with
+    where, with what and when it was measured; saved if ``path``.
 
     Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_bench.py.
@@ -503,8 +566,8 @@ def plot(results: dict, path=None):
             for color, base in enumerate(SDPA_BACKENDS):
                 pts = [(s["n"], s[short]) for s in speed if s["baseline"] == base and s[short] is not None]
                 if pts:
-                    bottom.plot(*zip(*pts), marker="o", color=f"C{color}",
-                                linestyle="--" if impl == "flashlib-cuda" else "-", label=f"{impl} vs {base}")
+                    bottom.plot(*zip(*pts), marker="o", color=f"C{color}", linestyle=LINESTYLES[impl],
+                                label=f"{impl} vs {base}")
         bottom.axhline(1.0, color="gray", linewidth=1)
         bottom.set_ylabel(f"{short}: SDPA time / flashlib time")
         bottom.set_xlabel("sequence length N")
@@ -532,9 +595,14 @@ def plot_file(path, out=None):
 
 
 def format_results(results: dict) -> str:
-    """The measurements as a table, flashlib's speed against each SDPA backend, and why any time is
-    missing (OOM: out of memory; refused: the SDPA backend does not take this shape or dtype; -: the
-    backward of a forward that has no time)."""
+    """The measurements as a table, the speed of each of flashlib's rows against each SDPA backend, and
+    why any time is missing (OOM: out of memory; refused: the SDPA backend, or the TMA kernels, do not
+    take this shape or dtype; -: not timed, e.g. the backward of a forward that has no time, or the
+    kernels another row times).
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
+    """
     def f(x, why=None):
         if x is not None:
             return f"{x:8.1f}"
@@ -591,7 +659,7 @@ def main(args) -> int:
             print(f"--save {args.save}: {e}; nothing was run", file=sys.stderr)
             return 2
     results = run(args.n, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
-                  dtype=args.dtype, causal=args.causal, cuda=not args.no_cuda)
+                  dtype=args.dtype, causal=args.causal, cuda=not args.no_cuda, tma=not args.no_tma)
     print(format_results(results))
     if args.save:
         save(results, args.save)
@@ -615,6 +683,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--causal", action="store_true", help="time causal attention (bottom-right aligned)")
     parser.add_argument("--no-cuda", action="store_true",
                         help="skip the 'flashlib-cuda' row (the CUDA C++ kernels)")
+    parser.add_argument("--no-tma", action="store_true",
+                        help="skip the 'flashlib-tma' row (the Triton TMA kernels: tensor descriptors)")
     parser.add_argument("--out", default="flashlib-bench.png", help="plot file ('' for none)")
     parser.add_argument("--save", default=None, metavar="FILE.json",
                         help=f"write every measurement and the environment to FILE.json (schema {SCHEMA}; "

@@ -4,7 +4,8 @@ A tiny bench runs from the command line, as a reader runs it, saving into pytest
 benchmarks/: a committed result file is a deliberate act, see benchmarks/README.md). The file must name
 this GPU and these versions, and hold a positive time for flashlib and for every SDPA backend that takes
 the shape here (torch is asked directly, forced to that backend); a backend that does not take it must
-be null with torch's reason, never dropped.
+be null with torch's reason, never dropped. The "flashlib-tma" row (the TMA kernels: the TMA forward and
+the TMA dK/dV) must have a forward and a backward time, and no decode time, with the reason.
 """
 from __future__ import annotations
 
@@ -90,3 +91,20 @@ def test_the_cuda_row_times_forward_backward_and_decode_or_says_why(saved):
             assert r["fwd_ms"] > 0 and r["bwd_ms"] > 0 and r["decode_ms"] > 0, r
         else:
             assert r["fwd_ms"] is None and "CuPy" in r["why"]["fwd_ms"], r
+
+
+def test_the_tma_row_times_the_tma_forward_and_dkdv_and_says_why_not_decode(saved):
+    """"flashlib-tma" (the TMA forward and the TMA dK/dV at float16, d = 64: tensor descriptors, TMA on
+    sm_90) has a forward and a backward time at every N; its decode is row "flashlib"'s kernel: null,
+    with the reason."""
+    res = bench.load(saved)
+    rows = [r for r in res["rows"] if r["impl"] == "flashlib-tma"]
+    assert [r["n"] for r in rows] == list(NS)
+    for r in rows:
+        assert r["fwd_ms"] > 0 and r["fwd_tflops"] > 0, r
+        assert r["bwd_ms"] > 0 and r["bwd_tflops"] > 0, r
+        assert r["decode_ms"] is None and r["decode_gbs"] is None, r
+        assert r["why"] == {"decode_ms": bench.TMA_NO_DECODE}, r
+    speed = bench.ratios(res, "flashlib-tma")
+    assert any(s["fwd"] is not None for s in speed), "no SDPA forward ratio for the TMA forward"
+    assert any(s["bwd"] is not None for s in speed), "no SDPA backward ratio for the TMA dK/dV"

@@ -7,6 +7,7 @@ the only timings are toy-size CPU runs of the plumbing, which are never saved or
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 
@@ -64,13 +65,18 @@ def test_run_and_plot_plumbing(tmp_path):
     wall-clock timer. These numbers are never shown: by default run() uses triton.testing.do_bench."""
     res = bench.run((16, 24), batch=1, heads=2, kv_heads=1, head_dim=16, dtype="float32", device=DEVICE,
                     timer=lambda fn: best_time(fn, repeat=1) * 1e3, progress=False)
-    impls = ["flashlib", "flashlib-cuda", *bench.SDPA_BACKENDS, "naive"]
+    impls = ["flashlib", "flashlib-tma", "flashlib-cuda", *bench.SDPA_BACKENDS, "naive"]
     assert [(r["n"], r["impl"]) for r in res["rows"]] == [(n, i) for n in (16, 24) for i in impls]
     for r in res["rows"]:
         for key, derived in zip(bench.TIMES, ("fwd_tflops", "bwd_tflops", "decode_gbs")):
             if r["impl"] == "flashlib-cuda" and key == "bwd_ms":     # float32: Triton's backward, not timed twice
                 assert r[key] is None and r["why"][key].startswith(bench.CUDA_NO_BACKWARD)
                 assert "takes float16 and bfloat16, not float32" in r["why"][key]
+            elif r["impl"] == "flashlib-tma":      # float32: the TMA kernels refuse; decode is row flashlib's
+                assert r[key] is None and r[derived] is None
+                assert r["why"] == {"fwd_ms": r["why"]["fwd_ms"], "bwd_ms": "not timed: the forward has no time",
+                                    "decode_ms": bench.TMA_NO_DECODE}
+                assert r["why"]["fwd_ms"].startswith(bench.TMA_REFUSED) and "got torch.float32" in r["why"]["fwd_ms"]
             elif r["impl"] in ("flashlib", "flashlib-cuda", "naive"):
                 assert r[key] > 0 and r[derived] > 0, (r, key)
             else:                   # an SDPA backend: timed, or refused with the reason kept
@@ -91,14 +97,25 @@ def test_run_and_plot_plumbing(tmp_path):
     assert ("refused" in text) == any(not why.startswith("not timed")
                                       for r in res["rows"] for why in r["why"].values())
     assert "flashlib-cuda's speed against SDPA" in text and "flashlib-cuda bwd: " + bench.CUDA_NO_BACKWARD in text
+    assert re.search(r"\n\s*16 flashlib-tma\s+refused\s+-\s+-\n", text), text
     half = bench.run([16], batch=1, heads=2, head_dim=16, dtype="float16", device=DEVICE, timer=lambda fn: 1.0,
                      progress=False)                         # fp16: the CUDA backward is timed
-    assert all(r["bwd_ms"] == 1.0 for r in half["rows"] if r["impl"] in ("flashlib", "flashlib-cuda")), half
+    # fp16, d = 16: the CUDA backward and the TMA kernels (forward and dK/dV) are timed
+    assert all(r["fwd_ms"] == r["bwd_ms"] == 1.0 for r in half["rows"]
+               if r["impl"] in ("flashlib", "flashlib-cuda", "flashlib-tma")), half
+    half_tma = next(r for r in half["rows"] if r["impl"] == "flashlib-tma")
+    assert half_tma["decode_ms"] is None and half_tma["why"] == {"decode_ms": bench.TMA_NO_DECODE}, half_tma
     without = bench.run([16], batch=1, heads=2, head_dim=16, dtype="float32", device=DEVICE, cuda=False,
                         timer=lambda fn: 1.0, progress=False)
     assert "flashlib-cuda" not in {r["impl"] for r in without["rows"]}
+    assert "flashlib-tma" in {r["impl"] for r in without["rows"]}
+    no_tma = bench.run([16], batch=1, heads=2, head_dim=16, dtype="float16", device=DEVICE, cuda=False, tma=False,
+                       timer=lambda fn: 1.0, progress=False)
+    assert [r["impl"] for r in no_tma["rows"]] == ["flashlib", *bench.SDPA_BACKENDS, "naive"]
     with pytest.raises(TypeError, match="run: cuda must be a bool .* got 'no'"):
         bench.run([16], device=DEVICE, cuda="no", timer=lambda fn: 1.0, progress=False)
+    with pytest.raises(TypeError, match="run: tma must be a bool .* got 1"):
+        bench.run([16], device=DEVICE, tma=1, timer=lambda fn: 1.0, progress=False)
     saved = tmp_path / "cpu.json"
     if DEVICE == "cpu":             # a CPU's times are never saved as a result file
         with pytest.raises(ValueError, match="environment.device must be a CUDA GPU's name"):
@@ -109,6 +126,202 @@ def test_run_and_plot_plumbing(tmp_path):
         assert bench.load(bench.save(relabelled, saved))["rows"] == res["rows"]
     else:
         assert bench.load(bench.save(res, saved))["rows"] == res["rows"]
+
+
+# ------------------------------------------- "flashlib-tma": the TMA forward and the TMA dK/dV, timed
+
+V2_DKDV, TMA_DKDV = "fa2_bwd_dkdv", "fa2_bwd_dkdv_tma"      # the dK/dV kernels' KernelSpec names
+VARIABLES = ("FLASHLIB_TRITON_FWD", "FLASHLIB_TRITON_BWD")
+
+
+def _spy_on_kernels(monkeypatch):
+    """Replace both Triton forwards (version 1: fa2_fwd, the TMA forward: fa2_fwd_tma) and version 2's
+    backward (fa2_bwd.backward, which the TMA dK/dV's fa2_bwd_tma.backward calls with its own dK/dV
+    kernel) by spies that run the real kernels and record ``(kernel, (FLASHLIB_TRITON_FWD,
+    FLASHLIB_TRITON_BWD) at the call)``: kernel "v1" or "tma" for a forward, the dK/dV kernel's name for
+    a backward. Returns the record."""
+    from flashlib.kernels.triton import fa2_bwd, fa2_fwd, fa2_fwd_tma
+    calls = []
+
+    def env():
+        return tuple(os.environ.get(variable) for variable in VARIABLES)
+    for version, module in (("v1", fa2_fwd), ("tma", fa2_fwd_tma)):
+        def forward(*args, _real=module.forward, _version=version, **kwargs):
+            calls.append((_version, env()))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(module, "forward", forward)
+
+    def backward(*args, _real=fa2_bwd.backward, **kwargs):
+        calls.append((kwargs.get("dkdv_spec", fa2_bwd.DKDV_SPEC).name, env()))
+        return _real(*args, **kwargs)
+    monkeypatch.setattr(fa2_bwd, "backward", backward)
+    return calls
+
+
+# what the timer reports for the kernels that ran inside the call it timed: each row's time is shown to
+# be its own kernel's and no other's (a set not listed here, e.g. a forward inside a timed backward,
+# is a KeyError: the test fails)
+SPY_MS = {frozenset(): 1.0, frozenset({"v1"}): 3.0, frozenset({"tma"}): 7.0, frozenset({V2_DKDV}): 5.0,
+          frozenset({TMA_DKDV}): 11.0}
+
+
+@pytest.mark.parametrize("outside", [None, ("tma", "tma"), ("v1", "v2")],
+                         ids=["unset", "tma-outside", "default-outside"])
+def test_the_tma_row_times_the_tma_kernels_and_the_flashlib_row_versions_1_and_2(monkeypatch, outside):
+    """The timer reports which kernels ran inside the function it timed, so the tma row's forward time
+    is shown to be the TMA forward's alone and its backward time the TMA dK/dV's (in version 2's
+    backward), row "flashlib"'s version 1's and version 2's with its own dK/dV, whatever the reader's
+    own FLASHLIB_TRITON_FWD and FLASHLIB_TRITON_BWD, which are as they were afterwards."""
+    for variable, value in zip(VARIABLES, outside or (None, None)):
+        if value is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, value)
+    calls = _spy_on_kernels(monkeypatch)
+
+    def timer(fn):
+        start = len(calls)
+        fn()
+        return SPY_MS[frozenset(kernel for kernel, _ in calls[start:])]
+    res = bench.run((16, 40), batch=1, heads=2, kv_heads=1, head_dim=16, dtype="float16", device=DEVICE,
+                    timer=timer, progress=False, cuda=False)
+    assert tuple(os.environ.get(variable) for variable in VARIABLES) == (outside or (None, None))
+    rows = {(r["n"], r["impl"]): r for r in res["rows"]}
+    for n in (16, 40):
+        tma, v12 = rows[(n, "flashlib-tma")], rows[(n, "flashlib")]
+        # the forward the backward needs (its graph) runs outside the timed call: a backward time is the
+        # backward's alone (the tma row's: version 2's backward launching the TMA dK/dV)
+        assert (tma["fwd_ms"], tma["bwd_ms"]) == (7.0, 11.0) and tma["fwd_tflops"] > 0 and tma["bwd_tflops"] > 0
+        assert tma["decode_ms"] is None and tma["decode_gbs"] is None
+        assert tma["why"] == {"decode_ms": bench.TMA_NO_DECODE}, tma
+        assert (v12["fwd_ms"], v12["bwd_ms"], v12["decode_ms"]) == (3.0, 5.0, 1.0) and v12["why"] == {}, v12
+    # every TMA kernel ran under FLASHLIB_TRITON_FWD=FLASHLIB_TRITON_BWD=tma and every version 1/2 kernel
+    # under v1/v2; per N and row, two forwards (the timed one, the one the backward needs) and a backward
+    assert sorted(calls) == sorted([("tma", ("tma", "tma"))] * 4 + [(TMA_DKDV, ("tma", "tma"))] * 2
+                                   + [("v1", ("v1", "v2"))] * 4 + [(V2_DKDV, ("v1", "v2"))] * 2), calls
+
+
+@pytest.mark.parametrize("dtype,head_dim,reason", [
+    ("float32", 16, "the TMA forward takes float16 or bfloat16, got torch.float32"),
+    ("bfloat16", 12, "multiples of 16 bytes (TMA needs them; d = 12: a multiple of 8"),
+], ids=["float32", "bf16-d12"])
+def test_the_tma_row_records_the_refusal_instead_of_timing_versions_1_and_2(monkeypatch, dtype, head_dim, reason):
+    """Where the TMA kernels do not take the tensors, the tma row has no time, with the reason, and
+    versions 1 and 2 (which FLASHLIB_TRITON_FWD/BWD=tma would run instead) never run under its name."""
+    calls = _spy_on_kernels(monkeypatch)
+    res = bench.run([16], batch=1, heads=2, head_dim=head_dim, dtype=dtype, device=DEVICE, cuda=False,
+                    timer=lambda fn: (fn(), 1.0)[1], progress=False)
+    tma = next(r for r in res["rows"] if r["impl"] == "flashlib-tma")
+    assert (tma["fwd_ms"], tma["bwd_ms"], tma["decode_ms"]) == (None,) * 3
+    assert (tma["fwd_tflops"], tma["bwd_tflops"], tma["decode_gbs"]) == (None,) * 3
+    assert set(tma["why"]) == set(bench.TIMES), tma["why"]
+    assert tma["why"]["fwd_ms"].startswith(f"{bench.TMA_REFUSED}: ") and reason in tma["why"]["fwd_ms"], tma["why"]
+    assert tma["why"]["bwd_ms"] == "not timed: the forward has no time"
+    assert tma["why"]["decode_ms"] == bench.TMA_NO_DECODE
+    # versions 1 and 2 ran for row "flashlib" only (its forward, the backward's forward, its backward)
+    assert sorted(calls) == sorted([("v1", ("v1", "v2"))] * 2 + [(V2_DKDV, ("v1", "v2"))]), calls
+    v12 = next(r for r in res["rows"] if r["impl"] == "flashlib")
+    assert (v12["fwd_ms"], v12["bwd_ms"], v12["decode_ms"]) == (1.0, 1.0, 1.0), v12
+    assert re.search(r"\n\s*16 flashlib-tma\s+refused\s+-\s+-\n", bench.format_results(res))
+
+
+def test_triton_kernels_sets_both_variables_and_restores_them_also_when_the_body_raises(monkeypatch):
+    monkeypatch.delenv("FLASHLIB_TRITON_FWD", raising=False)
+    monkeypatch.delenv("FLASHLIB_TRITON_BWD", raising=False)
+    with bench.triton_kernels("tma", "tma"):
+        assert (os.environ["FLASHLIB_TRITON_FWD"], os.environ["FLASHLIB_TRITON_BWD"]) == ("tma", "tma")
+    assert not set(VARIABLES) & set(os.environ)                          # unset before: unset after
+    monkeypatch.setenv("FLASHLIB_TRITON_FWD", "tma")                     # one set, the other unset
+    with bench.triton_kernels("v1", "v2"):
+        assert (os.environ["FLASHLIB_TRITON_FWD"], os.environ["FLASHLIB_TRITON_BWD"]) == ("v1", "v2")
+    assert os.environ["FLASHLIB_TRITON_FWD"] == "tma" and "FLASHLIB_TRITON_BWD" not in os.environ
+    monkeypatch.setenv("FLASHLIB_TRITON_FWD", "v1")
+    monkeypatch.setenv("FLASHLIB_TRITON_BWD", "v2")
+    with pytest.raises(ZeroDivisionError):
+        with bench.triton_kernels("tma", "tma"):
+            assert (os.environ["FLASHLIB_TRITON_FWD"], os.environ["FLASHLIB_TRITON_BWD"]) == ("tma", "tma")
+            1 / 0
+    assert (os.environ["FLASHLIB_TRITON_FWD"], os.environ["FLASHLIB_TRITON_BWD"]) == ("v1", "v2")
+    # a version the backend does not have: refused naming the variable, before anything is set
+    for forward, backward, message in (
+            ("v2", "tma", r"triton_kernels: FLASHLIB_TRITON_FWD must be one of \('v1', 'tma'\), got 'v2'"),
+            ("tma", "v1", r"triton_kernels: FLASHLIB_TRITON_BWD must be one of \('v2', 'tma'\), got 'v1'")):
+        with pytest.raises(ValueError, match=message):
+            with bench.triton_kernels(forward, backward):
+                pytest.fail("the body ran")
+        assert (os.environ["FLASHLIB_TRITON_FWD"], os.environ["FLASHLIB_TRITON_BWD"]) == ("v1", "v2")
+
+
+@pytest.mark.parametrize("broken", ["fa2_fwd_tma.forward", "fa2_bwd_tma.backward"])
+def test_run_restores_the_variables_when_a_tma_kernel_raises(monkeypatch, broken):
+    """A failure inside the tma row's timed forward or backward propagates (it is not a refusal) and
+    leaves the reader's FLASHLIB_TRITON_FWD and FLASHLIB_TRITON_BWD as they were."""
+    from flashlib.kernels.triton import fa2_bwd_tma, fa2_fwd_tma
+    monkeypatch.delenv("FLASHLIB_TRITON_FWD", raising=False)
+    monkeypatch.setenv("FLASHLIB_TRITON_BWD", "v2")
+    seen = []
+
+    def broken_kernel(*args, **kwargs):
+        seen.append(tuple(os.environ.get(variable) for variable in VARIABLES))
+        raise RuntimeError("a TMA-kernel failure made up by the test")
+    module, name = broken.split(".")
+    monkeypatch.setattr({"fa2_fwd_tma": fa2_fwd_tma, "fa2_bwd_tma": fa2_bwd_tma}[module], name, broken_kernel)
+    with pytest.raises(RuntimeError, match="made up by the test"):
+        bench.run([16], batch=1, heads=2, head_dim=16, dtype="float16", device=DEVICE, cuda=False,
+                  timer=lambda fn: (fn(), 1.0)[1], progress=False)
+    assert seen == [("tma", "tma")]
+    assert "FLASHLIB_TRITON_FWD" not in os.environ and os.environ["FLASHLIB_TRITON_BWD"] == "v2"
+
+
+def test_a_flashlib_tma_row_loads_and_gets_its_own_ratios_table_and_dash_dot_lines(tmp_path):
+    """A file with the tma row keeps schema 1 (load accepts any impl name; files without it still load);
+    its ratios have a forward and a backward, the table says why decode is missing, the plot draws both."""
+    results = synthetic_results(ns=(256,))
+    results["rows"].insert(1, {"n": 256, "impl": "flashlib-tma", "fwd_ms": 1.5, "bwd_ms": 2.5, "decode_ms": None,
+                               "why": {"decode_ms": bench.TMA_NO_DECODE}})
+    loaded = bench.load(bench.save(results, tmp_path / "tma.json"))
+    assert [r["impl"] for r in loaded["rows"]][:2] == ["flashlib", "flashlib-tma"]
+    assert bench._flashlib_impls(loaded) == ["flashlib", "flashlib-tma"]
+    assert loaded["rows"][1]["bwd_tflops"] == pytest.approx(2 * loaded["rows"][0]["bwd_tflops"])   # 5 ms / 2.5 ms
+    tma = {r["baseline"]: r for r in bench.ratios(loaded, "flashlib-tma")}
+    assert tma["sdpa-flash"] == {"n": 256, "baseline": "sdpa-flash", "fwd": 2.0, "bwd": 2.0, "decode": None}
+    assert tma["sdpa-cudnn"]["fwd"] == pytest.approx(2 / 3) and tma["sdpa-cudnn"]["bwd"] == 4.0
+    assert tma["sdpa-efficient"]["fwd"] is None and tma["sdpa-efficient"]["bwd"] is None
+    text = bench.format_results(loaded)
+    assert "flashlib's speed against SDPA" in text and "flashlib-tma's speed against SDPA" in text
+    assert re.search(r"\n\s*256 flashlib-tma\s+\d+\.\d\s+\d+\.\d\s+-\n", text), text
+    assert re.search(r"\n\s*256 sdpa-flash\s+2\.00x\s+2\.00x\s+-\n", text.split("flashlib-tma's speed")[1])
+    assert re.search(r"\n\s*256 sdpa-cudnn\s+0\.67x\s+4\.00x\s+-\n", text.split("flashlib-tma's speed")[1])
+    lines = text.splitlines()
+    assert f"  flashlib-tma decode: {bench.TMA_NO_DECODE}" in lines
+    assert not any(line.startswith("  flashlib-tma bwd") or line.startswith("  flashlib-tma fwd") for line in lines)
+    fig = bench.plot(loaded)
+    styles = {line.get_label(): line.get_linestyle() for ax in fig.axes for line in ax.get_lines()}
+    assert styles["flashlib-tma vs sdpa-flash"] == "-." and styles["flashlib vs sdpa-flash"] == "-"
+    assert "flashlib-tma" in fig.axes[1].get_legend_handles_labels()[1]          # backward TFLOP/s panel
+    fwd_ratios, bwd_ratios, decode_ratios = fig.axes[3:]
+    for ax, want in ((fwd_ratios, {"flashlib-tma vs sdpa-flash": 2.0, "flashlib-tma vs sdpa-cudnn": 2 / 3}),
+                     (bwd_ratios, {"flashlib-tma vs sdpa-flash": 2.0, "flashlib-tma vs sdpa-cudnn": 4.0})):
+        drawn = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()
+                 if line.get_label().startswith("flashlib-tma vs")}
+        assert drawn == {label: [pytest.approx(y)] for label, y in want.items()}, drawn
+        assert set(want) <= {t.get_text() for t in ax.get_legend().get_texts()}
+    assert not any(label.startswith("flashlib-tma vs") for label in
+                   decode_ratios.get_legend_handles_labels()[1])               # no decode ratio drawn
+    results["rows"].pop(1)                                           # the row is optional: --no-tma
+    assert bench.load(bench.save(results, tmp_path / "no-tma.json"))["rows"][1]["impl"] == "sdpa-flash"
+
+
+def test_bench_no_tma_flag_skips_the_row(monkeypatch, capsys):
+    """--no-tma reaches run() as tma=False (the run itself is replaced: the CLI's plumbing only)."""
+    got, made_up = [], synthetic_results()
+    made_up["rows"] = [bench._with_throughput(r, made_up["config"]) for r in made_up["rows"]]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "run", lambda *a, **kw: got.append(kw) or made_up)
+    for flags, tma in (([], True), (["--no-tma"], False), (["--no-tma", "--no-cuda"], False)):
+        assert cli_main(["bench", "--n", "64", "--out", "", *flags]) == 0
+        assert got[-1]["tma"] is tma and got[-1]["cuda"] is ("--no-cuda" not in flags)
+    assert "flashlib's speed against SDPA" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine prints")
