@@ -39,7 +39,7 @@ from typing import Callable
 
 __all__ = ["SCHEMA", "SDPA_BACKENDS", "FLASHLIB_IMPLS", "TRITON_KERNELS", "CUDA_NO_BACKWARD",
            "TMA_NO_DECODE", "TMA_REFUSED", "attention_flops", "decode_bytes", "environment", "triton_kernels", "run",
-           "ratios", "save", "load", "plot", "plot_file", "main"]
+           "ratios", "save", "load", "result_name", "plot", "plot_file", "main"]
 
 DEFAULT_NS = (512, 1024, 2048, 4096, 8192, 16384)
 SCHEMA = "flashlib-bench/1"        # the result file's format; a change to it gets a new number
@@ -467,6 +467,20 @@ def _check(results, source) -> None:
     _check_rows(results.get("rows"), results["config"], source)
 
 
+def result_name(results: dict) -> str:
+    """The file name a run gets when ``--save`` names a folder: GPU, dtype, head dim, causal, date, e.g.
+    "nvidia-h100-80gb-hbm3-fp16-d128-causal-20261123.json" (benchmarks/README.md's convention, written once).
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
+    """
+    env, config = results["environment"], results["config"]
+    gpu = re.sub(r"[^a-z0-9]+", "-", str(env["device"]).lower()).strip("-")
+    dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[config["dtype"]]
+    date = str(env["date"])[:10].replace("-", "")
+    return f"{gpu}-{dtype}-d{config['head_dim']}{'-causal' if config['causal'] else ''}-{date}.json"
+
+
 def save(results: dict, path) -> pathlib.Path:
     """Write ``results`` (from :func:`run` on a CUDA GPU) to ``path`` as JSON, schema :data:`SCHEMA`:
     ``{"schema", "environment", "config", "rows": [{"n", "impl", "fwd_ms", "bwd_ms", "decode_ms",
@@ -650,9 +664,10 @@ def main(args) -> int:
         from .compile_report import compile_report, summary
         print(summary(compile_report()))
         return 0
+    folder = args.save is not None and pathlib.Path(args.save).is_dir()   # a folder: result_name() inside
     if args.save:                     # refuse before a long run, not after it
         try:
-            if not pathlib.Path(args.save).resolve().parent.is_dir():
+            if not folder and not pathlib.Path(args.save).resolve().parent.is_dir():
                 raise ValueError("its folder does not exist")
             _check_environment(environment(), "this machine")
         except ValueError as e:
@@ -662,8 +677,8 @@ def main(args) -> int:
                   dtype=args.dtype, causal=args.causal, cuda=not args.no_cuda, tma=not args.no_tma)
     print(format_results(results))
     if args.save:
-        save(results, args.save)
-        print(f"results saved to {args.save}")
+        path = save(results, pathlib.Path(args.save) / result_name(results) if folder else args.save)
+        print(f"results saved to {path}")
     if args.out:
         plot(results, args.out)
         print(f"plot saved to {args.out}")
@@ -688,4 +703,5 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default="flashlib-bench.png", help="plot file ('' for none)")
     parser.add_argument("--save", default=None, metavar="FILE.json",
                         help=f"write every measurement and the environment to FILE.json (schema {SCHEMA}; "
-                             "GPU only; default: nothing is saved)")
+                             "GPU only; default: nothing is saved); an existing folder (e.g. benchmarks/) "
+                             "gets a file named after the GPU, dtype, head dim, causal and date")

@@ -3,7 +3,8 @@
 A decode step that reads anything back from the GPU (for example the range of ``cache_seqlens``) makes
 the host wait for every queued kernel, about 100 µs on an H100, and cannot be captured in a CUDA graph.
 torch's sync debug mode turns any such read into an error; a captured graph replayed on new inputs
-must give what an eager call gives.
+must give what an eager call gives. The attention tests run twice: with the default Triton kernels and
+with the TMA kernels (FLASHLIB_TRITON_FWD/BWD=tma), whose launches also allocate descriptor scratch.
 """
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ def no_sync():
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.fixture(params=["default", "tma"])
+def kernels(request, monkeypatch):
+    """The Triton kernels flashlib.attention runs: versions 1/2, or the TMA kernels."""
+    if request.param == "tma":
+        monkeypatch.setenv("FLASHLIB_TRITON_FWD", "tma")
+        monkeypatch.setenv("FLASHLIB_TRITON_BWD", "tma")
+    return request.param
+
+
 def _decode_inputs(seed=0):
     q, kc, vc, _ = make_qkv(3, 8, 2, 1, 1037, 128, torch.float16, seed=seed, device="cuda")
     lens = torch.tensor([1037, 0, 513], dtype=torch.int32, device="cuda")
@@ -38,7 +48,7 @@ def test_decode_never_syncs(no_sync):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_forward_and_backward_never_sync(causal):
+def test_attention_forward_and_backward_never_sync(causal, kernels):
     q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, torch.float16, seed=1, device="cuda")
     leaves = [x.requires_grad_() for x in (q, k, v)]
     flashlib.attention(*leaves, causal=causal).backward(do)        # compile outside the debug mode
@@ -80,7 +90,7 @@ def test_decode_is_captured_in_a_cuda_graph_and_replays_on_new_inputs():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_inference_is_captured_in_a_cuda_graph(causal):
+def test_attention_inference_is_captured_in_a_cuda_graph(causal, kernels):
     q, k, v, _ = make_qkv(2, 8, 2, 300, 517, 64, torch.bfloat16, seed=2, device="cuda")
 
     def step():

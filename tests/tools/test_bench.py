@@ -202,7 +202,7 @@ def test_the_tma_row_times_the_tma_kernels_and_the_flashlib_row_versions_1_and_2
 
 
 @pytest.mark.parametrize("dtype,head_dim,reason", [
-    ("float32", 16, "the TMA forward takes float16 or bfloat16, got torch.float32"),
+    ("float32", 16, "the TMA kernels take float16 or bfloat16, got torch.float32"),
     ("bfloat16", 12, "multiples of 16 bytes (TMA needs them; d = 12: a multiple of 8"),
 ], ids=["float32", "bf16-d12"])
 def test_the_tma_row_records_the_refusal_instead_of_timing_versions_1_and_2(monkeypatch, dtype, head_dim, reason):
@@ -514,3 +514,25 @@ def test_the_committed_file_check_refuses_a_synthetic_file(tmp_path):
     bench.save(synthetic_results(), path)
     with pytest.raises(AssertionError):
         check_result_file(path)
+
+
+def test_result_name_says_gpu_dtype_head_dim_causal_and_date():
+    results = synthetic_results()
+    results["environment"]["device"] = "NVIDIA H100 80GB HBM3"
+    assert bench.result_name(results) == "nvidia-h100-80gb-hbm3-fp16-d64-causal-20000101.json"
+    results["config"].update(dtype="bfloat16", head_dim=128, causal=False)
+    assert bench.result_name(results) == "nvidia-h100-80gb-hbm3-bf16-d128-20000101.json"
+
+
+def test_save_into_a_folder_names_the_file(monkeypatch, tmp_path, capsys):
+    """--save DIR (an existing folder) writes DIR/result_name(results); the file loads back."""
+    made_up = synthetic_results()
+    made_up["rows"] = [bench._with_throughput(r, made_up["config"]) for r in made_up["rows"]]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "run", lambda *a, **kw: made_up)
+    monkeypatch.setattr(bench, "environment", lambda *a, **kw: made_up["environment"])
+    assert cli_main(["bench", "--n", "64", "--out", "", "--save", str(tmp_path)]) == 0
+    want = tmp_path / bench.result_name(made_up)
+    assert want.is_file() and f"results saved to {want}" in capsys.readouterr().out
+    assert bench.load(want)["config"] == made_up["config"]
+    assert cli_main(["bench", "--n", "64", "--out", "", "--save", str(tmp_path / "nowhere" / "x.json")]) == 2

@@ -117,18 +117,21 @@ def supported(q, k, v, do=None) -> str | None:
     (one sentence).
 
     TMA's rules: fp16/bf16 here, the last dim contiguous, every other stride and every (batch, head)
-    start a multiple of 16 bytes, the base 16-byte aligned.
+    start a multiple of 16 bytes, the base 16-byte aligned; rows that do not overlap (a 2-D descriptor
+    per (batch, head) needs a row stride; batch and head strides may be 0, as in an expanded K/V).
 
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
     """
     if q.dtype not in (torch.float16, torch.bfloat16):
-        return f"the TMA forward takes float16 or bfloat16, got {q.dtype} (version 1 runs it)"
+        return f"the TMA kernels take float16 or bfloat16, got {q.dtype} (versions 1 and 2 run it)"
     for name, t in (("q", q), ("k", k), ("v", v), ("do", do)):
         if t is None:
             continue
         if t.stride(-1) != 1:
             return f"{name}'s last dim is not contiguous (stride {t.stride(-1)})"
+        if t.shape[-2] > 1 and t.stride(-2) == 0:
+            return f"{name}'s rows all share one memory row (row stride 0, an expanded tensor)"
         bad = [s for s in t.stride()[:-1] if (s * t.element_size()) % 16]
         if bad or t.data_ptr() % 16:
             return (f"{name}'s strides {tuple(t.stride())} or its start are not multiples of 16 bytes "

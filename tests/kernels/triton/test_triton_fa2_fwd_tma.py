@@ -91,8 +91,9 @@ def _misaligned(x):
     (lambda q: q.float(), "float16 or bfloat16"),
     (lambda q: q[..., :59].contiguous(), "multiples of 16 bytes"),      # d = 59: a row is 118 bytes
     (lambda q: q.transpose(-1, -2), "last dim is not contiguous"),
+    (lambda q: q[:, :, :1].expand(q.shape), "row stride 0"),
     (_misaligned, "multiples of 16 bytes"),
-], ids=["fp32", "d59", "transposed", "misaligned"])
+], ids=["fp32", "d59", "transposed", "expanded-rows", "misaligned"])
 def test_supported_says_why_not_and_forward_refuses(make, expect):
     q, k, v, _ = make_qkv(1, 2, 2, 16, 16, 64, dtype=torch.float16, device=DEVICE)
     bad = make(q)
