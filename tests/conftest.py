@@ -73,3 +73,15 @@ def run_cli(*args, timeout: int = 900):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return subprocess.run([sys.executable, "-m", "flashlib", *args], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=timeout)
+
+
+def require_pinned_triton() -> None:
+    """Skip, with the reason, a test of a fact about the Triton version the test environment pins
+    (constraints.txt): a GPU machine's own Triton (``make test-gpu PY=python3``) may compile differently.
+    Where the pin is installed (CI, ``make test``) the test runs."""
+    import importlib.metadata
+    import re
+    pin = re.search(r"^triton==(\S+)", (ROOT / "constraints.txt").read_text(), re.M)
+    have = importlib.metadata.version("triton")
+    if pin is None or have != pin.group(1):
+        pytest.skip(f"a fact about triton {pin.group(1) if pin else '?'} (constraints.txt); this is {have}")

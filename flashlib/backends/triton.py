@@ -82,6 +82,7 @@ def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     Explained in: notebooks/07_triton."""
     from ..kernels.triton import fa2_fwd, fa2_fwd_tma
     q, k, v = _last_dim_contiguous(q, k, v)
+    _wanted("FLASHLIB_TRITON_BWD", BACKWARD_VERSIONS)      # a bad backward knob fails before the forward runs
     if forward_version(q, k, v) == "tma":
         return fa2_fwd_tma.forward(q, k, v, causal=causal, scale=scale, config=_config(blocks))
     return fa2_fwd.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,

@@ -10,7 +10,8 @@ forced with ``torch.nn.attention.sdpa_kernel``; speed is the ratio of their time
 (forward and backward, pointer loads) and row "flashlib-tma" the TMA kernels (the TMA forward and the
 TMA dK/dV: tensor descriptors, TMA on sm_90), each forced through ``FLASHLIB_TRITON_FWD`` and
 ``FLASHLIB_TRITON_BWD`` around its own calls (:func:`triton_kernels`), so the two rows differ only in
-how the kernels move their tiles.
+how the kernels move their tiles, and in the TMA kernels' own host work (checking TMA's memory rules,
+a scratch buffer for the descriptors: a few microseconds, which matter only at the smallest N).
 
 A run can be saved (``python -m flashlib bench --save FILE.json``, :func:`save`): the file records the
 GPU, driver, CUDA, torch, triton, flashlib's version and git commit, the UTC date, the configuration
@@ -469,7 +470,8 @@ def _check(results, source) -> None:
 
 def result_name(results: dict) -> str:
     """The file name a run gets when ``--save`` names a folder: GPU, dtype, head dim, causal, date, e.g.
-    "nvidia-h100-80gb-hbm3-fp16-d128-causal-20261123.json" (benchmarks/README.md's convention, written once).
+    "nvidia-h100-80gb-hbm3-fp16-d128-causal-20261123T2045Z.json" (benchmarks/README.md's convention,
+    written once; the start time keeps two runs of one day apart).
 
     Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_bench.py.
@@ -477,7 +479,7 @@ def result_name(results: dict) -> str:
     env, config = results["environment"], results["config"]
     gpu = re.sub(r"[^a-z0-9]+", "-", str(env["device"]).lower()).strip("-")
     dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[config["dtype"]]
-    date = str(env["date"])[:10].replace("-", "")
+    date = str(env["date"])[:16].replace("-", "").replace(":", "") + "Z"      # 2026-11-23T20:45 -> 20261123T2045Z
     return f"{gpu}-{dtype}-d{config['head_dim']}{'-causal' if config['causal'] else ''}-{date}.json"
 
 
@@ -667,6 +669,8 @@ def main(args) -> int:
     folder = args.save is not None and pathlib.Path(args.save).is_dir()   # a folder: result_name() inside
     if args.save:                     # refuse before a long run, not after it
         try:
+            if not folder and not str(args.save).endswith(".json"):
+                raise ValueError("expected FILE.json or an existing folder (chapter 7 draws *.json only)")
             if not folder and not pathlib.Path(args.save).resolve().parent.is_dir():
                 raise ValueError("its folder does not exist")
             _check_environment(environment(), "this machine")

@@ -71,7 +71,7 @@ def _check_archs(archs) -> tuple[str, ...]:
 # ------------------------------------------------------------------------------------- the kernels
 
 # The constexpr values of the problem the report compiles (d = 128, causal, true fp32 dots; the decode
-# combine for 16 splits; forward version 2 as it runs by default, not warp-specialized); BLOCK_M and
+# combine for 16 splits; the TMA forward (version 4) as it runs by default, not warp-specialized); BLOCK_M and
 # BLOCK_N come from each kernel's config.
 REPORT_CONSTEXPRS = dict(CAUSAL=True, BLOCK_D=REPORT_HEAD_DIM, UPCAST=False, PRECISION="ieee", BLOCK_S=16,
                          WARP_SPECIALIZE=False)

@@ -27,11 +27,18 @@ def no_sync():
 
 @pytest.fixture(params=["default", "tma"])
 def kernels(request, monkeypatch):
-    """The Triton kernels flashlib.attention runs: versions 1/2, or the TMA kernels."""
-    if request.param == "tma":
-        monkeypatch.setenv("FLASHLIB_TRITON_FWD", "tma")
-        monkeypatch.setenv("FLASHLIB_TRITON_BWD", "tma")
-    return request.param
+    """The Triton kernels flashlib.attention runs: versions 1/2, or the TMA kernels (the tests check
+    with :func:`assert_kernels` that these are the ones chosen)."""
+    versions = ("v1", "v2") if request.param == "default" else ("tma", "tma")
+    monkeypatch.setenv("FLASHLIB_TRITON_FWD", versions[0])
+    monkeypatch.setenv("FLASHLIB_TRITON_BWD", versions[1])
+    return versions
+
+
+def assert_kernels(versions, q, k, v, do):
+    """The backend chooses ``versions`` (forward, backward) for these tensors: the TMA param is not vacuous."""
+    from flashlib.backends import triton as triton_backend
+    assert (triton_backend.forward_version(q, k, v), triton_backend.backward_version(q, k, v, do)) == versions
 
 
 def _decode_inputs(seed=0):
@@ -50,6 +57,7 @@ def test_decode_never_syncs(no_sync):
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_forward_and_backward_never_sync(causal, kernels):
     q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, torch.float16, seed=1, device="cuda")
+    assert_kernels(kernels, q, k, v, do)
     leaves = [x.requires_grad_() for x in (q, k, v)]
     flashlib.attention(*leaves, causal=causal).backward(do)        # compile outside the debug mode
     torch.cuda.synchronize()
@@ -91,7 +99,8 @@ def test_decode_is_captured_in_a_cuda_graph_and_replays_on_new_inputs():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_inference_is_captured_in_a_cuda_graph(causal, kernels):
-    q, k, v, _ = make_qkv(2, 8, 2, 300, 517, 64, torch.bfloat16, seed=2, device="cuda")
+    q, k, v, do = make_qkv(2, 8, 2, 300, 517, 64, torch.bfloat16, seed=2, device="cuda")
+    assert_kernels(kernels, q, k, v, do)
 
     def step():
         with torch.no_grad():

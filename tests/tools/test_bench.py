@@ -519,9 +519,10 @@ def test_the_committed_file_check_refuses_a_synthetic_file(tmp_path):
 def test_result_name_says_gpu_dtype_head_dim_causal_and_date():
     results = synthetic_results()
     results["environment"]["device"] = "NVIDIA H100 80GB HBM3"
-    assert bench.result_name(results) == "nvidia-h100-80gb-hbm3-fp16-d64-causal-20000101.json"
+    assert bench.result_name(results) == "nvidia-h100-80gb-hbm3-fp16-d64-causal-20000101T0000Z.json"
     results["config"].update(dtype="bfloat16", head_dim=128, causal=False)
-    assert bench.result_name(results) == "nvidia-h100-80gb-hbm3-bf16-d128-20000101.json"
+    results["environment"]["date"] = "2026-11-23T20:45:59Z"
+    assert bench.result_name(results) == "nvidia-h100-80gb-hbm3-bf16-d128-20261123T2045Z.json"
 
 
 def test_save_into_a_folder_names_the_file(monkeypatch, tmp_path, capsys):
@@ -536,3 +537,7 @@ def test_save_into_a_folder_names_the_file(monkeypatch, tmp_path, capsys):
     assert want.is_file() and f"results saved to {want}" in capsys.readouterr().out
     assert bench.load(want)["config"] == made_up["config"]
     assert cli_main(["bench", "--n", "64", "--out", "", "--save", str(tmp_path / "nowhere" / "x.json")]) == 2
+    for not_json in (tmp_path / "results.txt", f"{tmp_path / 'missing-folder'}/"):     # refused before running
+        assert cli_main(["bench", "--n", "64", "--out", "", "--save", str(not_json)]) == 2
+        assert "expected FILE.json or an existing folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [want.name]

@@ -7,7 +7,7 @@ rows are cached on disk by source hash, so later runs and the notebook read them
 from __future__ import annotations
 
 import pytest
-from conftest import require_module, require_tool
+from conftest import require_module, require_pinned_triton, require_tool
 
 from flashlib.kernels.triton import configs
 from flashlib.kernels.triton import spec as tspec
@@ -75,10 +75,11 @@ def test_sass_excerpt_shows_hmma_and_hgmma(rows):
     assert "HGMMA" in fi.sass_excerpt("fa2_fwd", "sm_90")
 
 
-def test_forward_v2_copies_tiles_with_tma_on_hopper_only(rows):
+def test_tma_forward_copies_tiles_with_tma_on_hopper_only(rows):
     """The TMA forward's descriptors become TMA copies on sm_90 (loads of Q, K, V and the store of O) and
     pointer loads elsewhere; version 1 has no TMA anywhere. On sm_90 it also needs fewer
     registers than version 1 (no per-thread address arithmetic for its tiles) and runs on wgmma."""
+    require_pinned_triton()                                  # registers: a fact about one Triton
     by = {(r["kernel"], r["arch"]): r for r in rows}
     hopper = by[("fa2_fwd_tma", "sm_90")]
     assert hopper["tma_instructions"] >= 4 and hopper["spill_bytes"] == 0, hopper
@@ -94,6 +95,7 @@ def test_forward_v2_copies_tiles_with_tma_on_hopper_only(rows):
 def test_tma_dkdv_spills_far_less_than_version_2_on_hopper(rows):
     """The reason for the TMA dK/dV: at sm_90's measured tile its descriptors free the registers that
     version 2 spends on addresses (triton 3.9: 276 bytes spilled -> 4), with TMA copies instead."""
+    require_pinned_triton()                                  # spills: a fact about one Triton
     by = {(r["kernel"], r["arch"]): r for r in rows}
     v2, tma = by[("fa2_bwd_dkdv", "sm_90")], by[("fa2_bwd_dkdv_tma", "sm_90")]
     assert v2["config"] == tma["config"]

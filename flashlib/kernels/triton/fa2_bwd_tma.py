@@ -1,6 +1,6 @@
 # fa2_bwd_tma.py — the FlashAttention-2 backward's dK/dV kernel through tensor descriptors (TMA on
-#   Hopper), version 5 of the Triton kernels ("the TMA dK/dV"). Version 2 (fa2_bwd.py) stays, unchanged,
-#   and stays the default; the D preprocess and the dQ kernel are version 2's, launched by its backward.
+#   Hopper), version 5 of the Triton kernels ("the TMA dK/dV"). Version 2 (fa2_bwd.py) stays the default and
+#   compiles unchanged (its loop body moved into kit.dkdv_step, which both kernels call); the D preprocess and the dQ kernel are version 2's, launched by its backward.
 # Changed from version 2's _bwd_dkdv: K_j and V_j, every Q_i and dO_i tile, and the stores of dK_j and
 #   dV_j go through 2-D descriptors of their (batch, head), as in the TMA forward (fa2_fwd_tma.py,
 #   version 4): no address arithmetic and no load masks in the warps; rows past N and columns past d
@@ -16,7 +16,7 @@
 # Limits: the TMA forward's (fp16/bf16; strides and (batch, head) starts multiples of 16 bytes, so d a
 #   multiple of 8 for contiguous tensors: fa2_fwd_tma.supported, given dO too). It runs with the dK/dV
 #   config tables and configs.hazard's rule, as version 2 does. Measured on no GPU yet: opt-in with
-#   FLASHLIB_TRITON_TMA=1 (with the TMA forward), and its determinism on a GPU is a GPU-tier test.
+#   FLASHLIB_TRITON_BWD=tma (independent of FLASHLIB_TRITON_FWD), and its determinism on a GPU is a GPU-tier test.
 # Run: flashlib.kernels.triton.fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=True, scale=d ** -0.5);
 #   interpreted on a CPU.
 """The FA2 backward with its dK/dV kernel through tensor descriptors (TMA on sm_90).

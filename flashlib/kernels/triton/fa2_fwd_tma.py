@@ -14,7 +14,7 @@
 #   producer/consumer split, done by the compiler). It is off by default because triton 3.9 cannot do
 #   it for this loop yet: cross-compiled for sm_90 with 4 warps its NVGPUWarpSpecialization pass fails
 #   (an MLIR dominance assertion), with 8 warps it leaves the loop whole (no setmaxnreg, one partition);
-#   Triton's own tutorial says its warp specialization "only works on Blackwell right now"
+#   Triton's persistent-matmul tutorial says its warp specialization "only works on Blackwell right now"
 #   (tests/kernels/triton/test_triton_fa2_fwd_tma.py keeps both facts checked). The online softmax,
 #   masks, key ranges and the epilogue are version 1's own (flashlib.kernels.triton.kit): only the way
 #   tiles move changed.
@@ -132,7 +132,7 @@ def supported(q, k, v, do=None) -> str | None:
             return f"{name}'s last dim is not contiguous (stride {t.stride(-1)})"
         if t.shape[-2] > 1 and t.stride(-2) == 0:
             return f"{name}'s rows all share one memory row (row stride 0, an expanded tensor)"
-        bad = [s for s in t.stride()[:-1] if (s * t.element_size()) % 16]
+        bad = [s for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1 and (s * t.element_size()) % 16]
         if bad or t.data_ptr() % 16:
             return (f"{name}'s strides {tuple(t.stride())} or its start are not multiples of 16 bytes "
                     f"(TMA needs them; d = {t.shape[-1]}: a multiple of 8 for contiguous tensors)")

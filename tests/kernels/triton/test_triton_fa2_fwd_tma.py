@@ -17,7 +17,7 @@ import sys
 
 import pytest
 import torch
-from conftest import DEVICE, need_module, require_tool
+from conftest import DEVICE, need_module, require_pinned_triton, require_tool
 from triton_cases import case_id, make_qkv, run_triton
 
 need_module("hypothesis")  # skip the module, saying why, where hypothesis is missing
@@ -124,6 +124,7 @@ def test_scratch_allocator_is_scoped_to_the_launch():
 # ------------------------------------------------------- through flashlib.attention: FLASHLIB_TRITON_FWD
 
 def test_env_selects_the_tma_forward_where_it_applies(monkeypatch):
+    monkeypatch.delenv("FLASHLIB_TRITON_FWD", raising=False)       # the default, whatever the caller's
     calls = []
     real = fa2_fwd_tma.forward
     monkeypatch.setattr(fa2_fwd_tma, "forward", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
@@ -161,7 +162,7 @@ def test_property_within_flashattention_rule(nq, nk, d, causal, heads, seed, dty
 # ------------------------------------------------- the header's warp-specialization facts, on sm_90
 
 _WS_PROBE = r"""
-import contextlib, io, json, re, sys
+import contextlib, hashlib, io, json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -176,8 +177,9 @@ for warps, ws in ((4, True), (8, True), (8, False)):
         with contextlib.redirect_stderr(io.StringIO()):
             k = triton.compile(ASTSource(spec.fn, sig, const), target=GPUTarget("cuda", 90, 32),
                                options=dict(num_warps=warps, num_stages=2))
-        out[f"w{warps}-ws{int(ws)}"] = {"ptx_setmaxnreg": len(re.findall(r"setmaxnreg", k.asm["ptx"])),
-                                        "ptx_lines": len(k.asm["ptx"].splitlines())}
+        ptx = re.sub(r"(?m)^//.*$", "", k.asm["ptx"])              # comments name the compile, not the code
+        out[f"w{warps}-ws{int(ws)}"] = {"ptx_setmaxnreg": len(re.findall(r"setmaxnreg", ptx)),
+                                        "ptx_sha256": hashlib.sha256(ptx.encode()).hexdigest()}
     except Exception as exc:
         out[f"w{warps}-ws{int(ws)}"] = {"error": type(exc).__name__}
 print("PROBE:" + json.dumps(out))
@@ -189,6 +191,7 @@ def test_warp_specialization_is_not_yet_possible_for_this_loop_in_this_triton():
     pinned triton, 4 warps make its Hopper warp-specialization pass fail, 8 warps leave the loop whole
     (the same PTX as without it, no setmaxnreg). When a Triton upgrade changes either, this test fails:
     then measure warp specialization on a GPU and update the header, the chapter and this test."""
+    require_pinned_triton()
     require_tool("ptxas")
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
     proc = subprocess.run([sys.executable, "-c", _WS_PROBE], capture_output=True, text=True, env=env,

@@ -129,8 +129,10 @@ def test_flat_grid_refuses_more_programs_than_cuda_allows():
 @pytest.mark.parametrize("B,H,HKV,N", HUGE, ids=str)
 def test_every_launcher_passes_its_grid_helper_within_cuda_limits(monkeypatch, B, H, HKV, N):
     """The launchers themselves, at B·H up to 800,000, with KernelSpec's last step (the kernel call)
-    replaced by a recorder (head dim 1: a few MB; nothing runs). Each launch passes every argument of
-    its kernel, and its grid is its helper's for the block sizes the launch chose."""
+    replaced by a recorder (head dim 1, and 8 for the TMA kernels: at most a few hundred MB; nothing
+    runs). Each launch passes every argument of its kernel, and its grid is its helper's for the block
+    sizes the launch chose.
+    """
     launches = {}
 
     def record(self, grid, args, kwargs):
