@@ -88,25 +88,28 @@ def test_backward_is_bitwise_deterministic_and_right_at_real_sizes(case, dtype):
     check_against_oracle(q, k, v, do, causal, first)
 
 
-@pytest.mark.parametrize("kernel", ["bwd_dkdv", "bwd_dq"])
+@pytest.mark.parametrize("kernel", ["bwd_dkdv", "bwd_dq", "bwd_dkdv_tma"])
 def test_every_backward_candidate_of_this_gpu_is_right_and_deterministic(kernel):
-    """Not only the first choice: every config the table may fall back to, forced one at a time."""
+    """Not only the first choice: every config the table may fall back to, forced one at a time (the
+    TMA dK/dV, fa2_bwd_tma, reads the dK/dV table too)."""
     arch = configs.device_arch(DEVICE)
     q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, torch.float16, seed=5, device=DEVICE)
     o, lse = fa2_fwd.forward(q, k, v, causal=True, scale=128 ** -0.5)
     o_ref, _, g_ref = reference_gqa(q, k, v, causal=True, do=do)
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     base = torch.autograd.grad(plain_torch_attention(*leaves, causal=True), leaves, do)
+    tma = kernel == "bwd_dkdv_tma"
+    spec, backward = (fa2_bwd_tma.DKDV_SPEC, fa2_bwd_tma.backward) if tma else (TABLE_SPECS[kernel], fa2_bwd.backward)
     tried = 0
-    for cfg in configs.arch_candidates(TABLE_SPECS[kernel], arch, 128, 2):
-        kw = {"config_dkdv" if kernel == "bwd_dkdv" else "config_dq": cfg}
+    for cfg in configs.arch_candidates(spec, arch, 128, 2):
+        kw = {"config_dq" if kernel == "bwd_dq" else "config_dkdv": cfg}
         try:
-            g1 = fa2_bwd.backward(q, k, v, o, lse, do, causal=True, scale=128 ** -0.5, **kw)
+            g1 = backward(q, k, v, o, lse, do, causal=True, scale=128 ** -0.5, **kw)
         except Exception as e:                     # too big for this GPU: the launcher would fall back
             if type(e).__name__ == "OutOfResources":
                 continue
             raise
-        g2 = fa2_bwd.backward(q, k, v, o, lse, do, causal=True, scale=128 ** -0.5, **kw)
+        g2 = backward(q, k, v, o, lse, do, causal=True, scale=128 ** -0.5, **kw)
         tried += 1
         for name, a, b, bg, r in zip(("dq", "dk", "dv"), g1, g2, base, g_ref):
             assert torch.equal(a, b), f"{kernel} {cfg}: {name} not deterministic"
@@ -114,13 +117,14 @@ def test_every_backward_candidate_of_this_gpu_is_right_and_deterministic(kernel)
     assert tried > 0
 
 
-def test_a_config_of_the_class_shown_wrong_is_run_safely():
+@pytest.mark.parametrize("backward", [fa2_bwd.backward, fa2_bwd_tma.backward], ids=["version2", "tma_dkdv"])
+def test_a_config_of_the_class_shown_wrong_is_run_safely(backward):
     """A caller asking for the bad class (flashlib.attention's block_q/block_k) gets its safe twin."""
     q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, torch.float16, seed=6, device=DEVICE)
     o, lse = fa2_fwd.forward(q, k, v, causal=False, scale=128 ** -0.5)
     bad = Config(16, 64, 4, 2)
     assert configs.hazard("bwd_dkdv", bad)
-    grads = [fa2_bwd.backward(q, k, v, o, lse, do, causal=False, scale=128 ** -0.5, config_dkdv=bad)
+    grads = [backward(q, k, v, o, lse, do, causal=False, scale=128 ** -0.5, config_dkdv=bad)
              for _ in range(3)]
     assert all(torch.equal(a, b) for g in grads[1:] for a, b in zip(g, grads[0]))
 
@@ -317,34 +321,6 @@ def test_tma_dkdv_beyond_65535_batch_heads(B, H, HKV, tma_dkdv):
     # every gradient against the float64 oracle itself on the last batch entry (the last programs launched)
     last = [x[-1:] for x in (q, k, v, do)]
     assert_attention_right(*last, causal=True, o=o[-1:], lse=lse[-1:], grads=[g[-1:] for g in grads], floor=FLOOR)
-
-
-def test_every_tma_dkdv_candidate_of_this_gpu_is_right_and_deterministic():
-    """As version 2's test above: every config the dK/dV table may fall back to, forced one at a time,
-    run twice (bit for bit) and checked under FlashAttention's rule, here through the TMA dK/dV; and a
-    config of the class an H100 showed wrong, which configs.safe turns into its un-pipelined twin."""
-    arch = configs.device_arch(DEVICE)
-    q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, torch.float16, seed=19, device=DEVICE)
-    o, lse = fa2_fwd.forward(q, k, v, causal=True, scale=128 ** -0.5)
-    _, _, g_ref = reference_gqa(q, k, v, causal=True, do=do)
-    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    base = torch.autograd.grad(plain_torch_attention(*leaves, causal=True), leaves, do)
-    tried = 0
-    bad = Config(16, 64, 4, 2)
-    assert configs.hazard("bwd_dkdv", bad)
-    for cfg in [*configs.arch_candidates(fa2_bwd_tma.DKDV_SPEC, arch, 128, 2), bad]:
-        try:
-            g1 = fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=True, scale=128 ** -0.5, config_dkdv=cfg)
-        except Exception as e:                     # too big for this GPU: the launcher would fall back
-            if type(e).__name__ == "OutOfResources":
-                continue
-            raise
-        g2 = fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=True, scale=128 ** -0.5, config_dkdv=cfg)
-        tried += 1
-        for name, a, b, bg, r in zip(("dq", "dk", "dv"), g1, g2, base, g_ref):
-            assert torch.equal(a, b), f"TMA dK/dV {cfg}: {name} not deterministic"
-            assert_fa_rule(a, bg, r, factor=3.0, name=f"TMA dK/dV {cfg} {name}")
-    assert tried > 1
 
 
 # ----------------------------------------------------------------------------------------- decoding
