@@ -20,10 +20,12 @@ from __future__ import annotations
 DESCRIPTION = "flashlib.kernels.triton kernels (compiled on CUDA, Triton's interpreter on CPU)"
 FORWARD_VERSIONS = ("v1", "tma")      # FLASHLIB_TRITON_FWD's values; the first is the default
 BACKWARD_VERSIONS = ("v2", "tma")     # FLASHLIB_TRITON_BWD's values; the first is the default
+KNOBS = {"FLASHLIB_TRITON_FWD": FORWARD_VERSIONS, "FLASHLIB_TRITON_BWD": BACKWARD_VERSIONS}   # read by info, bench
 
 
-def _wanted(variable: str, versions: tuple) -> str:
+def _wanted(variable: str) -> str:
     import os
+    versions = KNOBS[variable]
     wanted = os.environ.get(variable, versions[0])
     if wanted not in versions:
         raise ValueError(f"{variable} must be one of {versions}, got {wanted!r}")
@@ -37,7 +39,7 @@ def forward_version(q, k, v) -> str:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
     """
-    if _wanted("FLASHLIB_TRITON_FWD", FORWARD_VERSIONS) == "tma":
+    if _wanted("FLASHLIB_TRITON_FWD") == "tma":
         from ..kernels.triton import fa2_fwd_tma
         if fa2_fwd_tma.supported(q, k, v) is None:
             return "tma"
@@ -52,7 +54,7 @@ def backward_version(q, k, v, do) -> str:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_fa2_bwd_tma.py.
     """
-    if _wanted("FLASHLIB_TRITON_BWD", BACKWARD_VERSIONS) == "tma":
+    if _wanted("FLASHLIB_TRITON_BWD") == "tma":
         from ..kernels.triton import fa2_fwd_tma
         if fa2_fwd_tma.supported(q, k, v, do) is None:
             return "tma"
@@ -82,7 +84,7 @@ def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     Explained in: notebooks/07_triton."""
     from ..kernels.triton import fa2_fwd, fa2_fwd_tma
     q, k, v = _last_dim_contiguous(q, k, v)
-    _wanted("FLASHLIB_TRITON_BWD", BACKWARD_VERSIONS)      # a bad backward knob fails before the forward runs
+    _wanted("FLASHLIB_TRITON_BWD")      # a bad backward knob fails before the forward runs
     if forward_version(q, k, v) == "tma":
         return fa2_fwd_tma.forward(q, k, v, causal=causal, scale=scale, config=_config(blocks))
     return fa2_fwd.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,

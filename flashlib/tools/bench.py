@@ -161,14 +161,14 @@ def _measure(call: Callable, refusals: tuple = ()) -> tuple[float | None, str | 
 @contextlib.contextmanager
 def triton_kernels(forward: str, backward: str):
     """Run the body with ``FLASHLIB_TRITON_FWD=forward`` and ``FLASHLIB_TRITON_BWD=backward`` (the Triton
-    backend's kernels: flashlib.backends.triton.FORWARD_VERSIONS, BACKWARD_VERSIONS), then restore both
+    backend's kernels: flashlib.backends.triton.KNOBS), then restore both
     variables as they were (unset if they were unset), also when the body raises.
 
     Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_bench.py.
     """
-    from ..backends.triton import BACKWARD_VERSIONS, FORWARD_VERSIONS
-    wanted = {"FLASHLIB_TRITON_FWD": (forward, FORWARD_VERSIONS), "FLASHLIB_TRITON_BWD": (backward, BACKWARD_VERSIONS)}
+    from ..backends.triton import KNOBS
+    wanted = {variable: (version, KNOBS[variable]) for variable, version in zip(KNOBS, (forward, backward))}
     for variable, (version, versions) in wanted.items():
         if version not in versions:
             raise ValueError(f"triton_kernels: {variable} must be one of {versions}, got {version!r}")

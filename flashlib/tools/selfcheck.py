@@ -118,8 +118,8 @@ def _triton_version(variable: str) -> str:
     (FLASHLIB_TRITON_FWD or FLASHLIB_TRITON_BWD; flashlib.backends.triton)."""
     import os
 
-    from ..backends.triton import BACKWARD_VERSIONS, FORWARD_VERSIONS
-    versions = FORWARD_VERSIONS if variable == "FLASHLIB_TRITON_FWD" else BACKWARD_VERSIONS
+    from ..backends.triton import KNOBS
+    versions = KNOBS[variable]
     wanted = os.environ.get(variable)
     if wanted is None:
         return f"{versions[0]} (default; {variable}=tma runs the TMA kernel where it applies)"

@@ -135,21 +135,21 @@ VARIABLES = ("FLASHLIB_TRITON_FWD", "FLASHLIB_TRITON_BWD")
 
 
 def _spy_on_kernels(monkeypatch):
-    """Replace both Triton forwards (version 1: fa2_fwd, the TMA forward: fa2_fwd_tma) and version 2's
-    backward (fa2_bwd.backward, which the TMA dK/dV's fa2_bwd_tma.backward calls with its own dK/dV
-    kernel) by spies that run the real kernels and record ``(kernel, (FLASHLIB_TRITON_FWD,
-    FLASHLIB_TRITON_BWD) at the call)``: kernel "v1" or "tma" for a forward, the dK/dV kernel's name for
-    a backward. Returns the record."""
+    """Replace version 1's forward launcher (fa2_fwd.forward, which the TMA forward's fa2_fwd_tma.forward
+    calls with its own kernel) and version 2's backward (fa2_bwd.backward, which the TMA dK/dV's
+    fa2_bwd_tma.backward calls with its own dK/dV kernel) by spies that run the real kernels and record
+    ``(kernel, (FLASHLIB_TRITON_FWD, FLASHLIB_TRITON_BWD) at the call)``: kernel "v1" or "tma" for a
+    forward (by the kernel launched), the dK/dV kernel's name for a backward. Returns the record."""
     from flashlib.kernels.triton import fa2_bwd, fa2_fwd, fa2_fwd_tma
     calls = []
 
     def env():
         return tuple(os.environ.get(variable) for variable in VARIABLES)
-    for version, module in (("v1", fa2_fwd), ("tma", fa2_fwd_tma)):
-        def forward(*args, _real=module.forward, _version=version, **kwargs):
-            calls.append((_version, env()))
-            return _real(*args, **kwargs)
-        monkeypatch.setattr(module, "forward", forward)
+
+    def forward(*args, _real=fa2_fwd.forward, **kwargs):
+        calls.append(("tma" if kwargs.get("spec") is fa2_fwd_tma.SPEC else "v1", env()))
+        return _real(*args, **kwargs)
+    monkeypatch.setattr(fa2_fwd, "forward", forward)
 
     def backward(*args, _real=fa2_bwd.backward, **kwargs):
         calls.append((kwargs.get("dkdv_spec", fa2_bwd.DKDV_SPEC).name, env()))

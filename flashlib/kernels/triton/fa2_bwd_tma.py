@@ -24,11 +24,14 @@
 Explained in: notebooks/07_triton (section "What Hopper adds")."""
 from __future__ import annotations
 
-from . import kit, triton, tl
-from . import fa2_bwd
+import dataclasses
+
+import torch
+
+from ...validation import check_flag, check_scale, check_tensors
+from . import fa2_bwd, kit, triton, tl
 from .configs import Config
 from .fa2_fwd_tma import supported, with_scratch
-from .spec import KernelSpec
 
 __all__ = ["backward", "DKDV_SPEC"]
 
@@ -76,21 +79,28 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
         [start_n, 0], dv.to(DV.dtype.element_ty))
 
 
-DKDV_SPEC = KernelSpec(
-    "fa2_bwd_dkdv_tma", _bwd_dkdv_tma, pointers=fa2_bwd.DKDV_SPEC.pointers, strides=fa2_bwd.DKDV_SPEC.strides,
-    scalars=fa2_bwd.DKDV_SPEC.scalars, constexprs=fa2_bwd.DKDV_SPEC.constexprs, grid=fa2_bwd.DKDV_SPEC.grid,
-    config="bwd_dkdv", smem=fa2_bwd.smem_dkdv)
+# Version 2's dK/dV interface (arguments, grid, config table, shared memory), this file's kernel.
+DKDV_SPEC = dataclasses.replace(fa2_bwd.DKDV_SPEC, name="fa2_bwd_dkdv_tma", fn=_bwd_dkdv_tma)
 
 
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, config_dkdv: Config | None = None,
              config_dq: Config | None = None):
     """Version 2's backward (:func:`flashlib.kernels.triton.fa2_bwd.backward`) with this file's dK/dV
-    kernel: ``(dq, dk, dv)``. Raises ValueError if :func:`flashlib.kernels.triton.fa2_fwd_tma.supported`
+    kernel: ``(dq, dk, dv)``. q, k, v, do are checked as flashlib.attention checks them (TypeError /
+    ValueError naming the argument); ValueError if :func:`flashlib.kernels.triton.fa2_fwd_tma.supported`
     refuses q, k, v or do.
 
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_fa2_bwd_tma.py.
     """
+    check_tensors(q, k, v)
+    if not isinstance(do, torch.Tensor):
+        raise TypeError(f"do must be a torch.Tensor, got {type(do).__name__}")
+    if (do.shape, do.dtype, do.device) != (q.shape, q.dtype, q.device):
+        raise ValueError(f"do must have q's shape, dtype and device {tuple(q.shape)}, {q.dtype}, {q.device}; "
+                         f"got {tuple(do.shape)}, {do.dtype}, {do.device}")
+    check_flag(causal, "causal")
+    scale = check_scale(scale, q.shape[-1])
     why = supported(q, k, v, do)
     if why is not None:
         raise ValueError(f"fa2_bwd_tma.backward: {why}")

@@ -90,13 +90,16 @@ SPEC = KernelSpec(
     config="fwd", smem=smem_estimate)
 
 
-def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, config: Config | None = None):
+def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, config: Config | None = None,
+            spec: KernelSpec | None = None, extra: dict | None = None, around=None):
     """Launch the forward kernel: ``(o, lse)`` for ``q (B, H, Nq, d)``, ``k, v (B, Hkv, Nk, d)``.
 
     Inputs are validated by :func:`flashlib.attention`; the last dim must be contiguous (stride 1),
     other strides are passed to the kernel. ``lse`` is float32 ``(B, H, Nq)``, natural log.
     ``config`` overrides the block sizes (tests use it to force several blocks on short sequences);
     otherwise :func:`flashlib.kernels.triton.configs.launch` picks them for the device.
+    ``spec``: this file's kernel (None) or one with its arguments plus the constexprs ``extra`` gives,
+    each launch run as ``around(launch)`` (the TMA forward, :mod:`flashlib.kernels.triton.fa2_fwd_tma`).
 
     Explained in: notebooks/01_naive_attention.
     Tested in: tests/kernels/triton/test_triton_fa2_fwd.py.
@@ -108,6 +111,8 @@ def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, co
     lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
     args = dict(Q=q, K=k, V=v, O=o, LSE=lse, qk_scale=kit.qk_scale(scale), H=H, GROUP=H // HKV, NQ=NQ,
                 NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d, UPCAST=INTERPRET and q.dtype == torch.bfloat16,
-                PRECISION="tf32" if allow_tf32 else "ieee")
-    launch(SPEC, q.device, block_d, q.element_size(), lambda cfg: SPEC.launch(cfg, **args), config)
+                PRECISION="tf32" if allow_tf32 else "ieee", **(extra or {}))
+    spec = SPEC if spec is None else spec
+    around = around or (lambda run: run())
+    launch(spec, q.device, block_d, q.element_size(), lambda cfg: around(lambda: spec.launch(cfg, **args)), config)
     return o, lse

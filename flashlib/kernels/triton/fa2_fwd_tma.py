@@ -36,13 +36,13 @@ Explained in: notebooks/07_triton (section "What Hopper adds")."""
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 
 import torch
 
-from . import INTERPRET, kit, triton, tl
-from .configs import Config, launch
-from .fa2_fwd import grid, smem_estimate   # version 1's grid and tiles: one program per query block
-from .spec import KernelSpec
+from ...validation import check_flag, check_scale, check_tensors
+from . import fa2_fwd, kit, triton, tl
+from .configs import Config
 
 __all__ = ["forward", "supported", "with_scratch", "SPEC"]
 
@@ -103,13 +103,9 @@ def _fwd_tma_kernel(Q, K, V, O, LSE,
     tl.store(LSE + pid_bh * NQ + offs_m, lse, mask=offs_m < NQ)                                 # 15
 
 
-SPEC = KernelSpec(
-    "fa2_fwd_tma", _fwd_tma_kernel,
-    pointers=dict(Q="in", K="in", V="in", O="in", LSE="fp32"), strides=("Q", "K", "V", "O"),
-    scalars=dict(qk_scale="fp32", H="i32", GROUP="i32", NQ="i32", NK="i32", D="i32"),
-    constexprs=("CAUSAL", "BLOCK_M", "BLOCK_N", "BLOCK_D", "UPCAST", "PRECISION", "WARP_SPECIALIZE"),
-    grid=lambda a: grid(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
-    config="fwd", smem=smem_estimate)
+# Version 1's interface (arguments, grid, config tables, shared memory) plus WARP_SPECIALIZE.
+SPEC = dataclasses.replace(fa2_fwd.SPEC, name="fa2_fwd_tma", fn=_fwd_tma_kernel,
+                           constexprs=(*fa2_fwd.SPEC.constexprs, "WARP_SPECIALIZE"))
 
 
 def supported(q, k, v, do=None) -> str | None:
@@ -123,6 +119,9 @@ def supported(q, k, v, do=None) -> str | None:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
     """
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v, do) if t is not None):
+        check_tensors(q, k, v)                          # raises the TypeError naming the argument
+        raise TypeError(f"do must be a torch.Tensor or None, got {type(do).__name__}")
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"the TMA kernels take float16 or bfloat16, got {q.dtype} (versions 1 and 2 run it)"
     for name, t in (("q", q), ("k", k), ("v", v), ("do", do)):
@@ -161,26 +160,20 @@ def forward(q, k, v, *, causal: bool, scale: float, config: Config | None = None
             warp_specialize: bool = False):
     """Launch the TMA forward: ``(o, lse)`` for ``q (B, H, Nq, d)``, ``k, v (B, Hkv, Nk, d)``.
 
-    Same contract as :func:`flashlib.kernels.triton.fa2_fwd.forward` (and the same config tables);
-    raises ValueError if :func:`supported` refuses the tensors. ``warp_specialize``: ask Triton to
+    Version 1's launcher (:func:`flashlib.kernels.triton.fa2_fwd.forward`) with this kernel and its
+    descriptors' scratch; inputs are checked as flashlib.attention checks them (TypeError/ValueError
+    naming the argument), and ValueError if :func:`supported` refuses the tensors. ``warp_specialize``: ask Triton to
     warp-specialize the key loop (an experiment: triton 3.9 cannot for this loop, see the header).
 
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
     """
+    check_tensors(q, k, v)
+    check_flag(causal, "causal")
+    check_flag(warp_specialize, "warp_specialize")
+    scale = check_scale(scale, q.shape[-1])
     why = supported(q, k, v)
     if why is not None:
         raise ValueError(f"fa2_fwd_tma.forward: {why}")
-    B, H, NQ, D = q.shape
-    HKV, NK = k.shape[1], k.shape[2]
-    block_d = max(16, triton.next_power_of_2(D))
-    if not isinstance(warp_specialize, bool):
-        raise TypeError(f"fa2_fwd_tma.forward: warp_specialize must be a bool, got {warp_specialize!r}")
-    o = torch.empty_like(q)
-    lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
-    args = dict(Q=q, K=k, V=v, O=o, LSE=lse, qk_scale=kit.qk_scale(scale), H=H, GROUP=H // HKV, NQ=NQ,
-                NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d, UPCAST=INTERPRET and q.dtype == torch.bfloat16,
-                PRECISION="ieee", WARP_SPECIALIZE=warp_specialize)
-    launch(SPEC, q.device, block_d, q.element_size(),
-           lambda cfg: with_scratch(lambda: SPEC.launch(cfg, **args)), config)
-    return o, lse
+    return fa2_fwd.forward(q, k, v, causal=causal, scale=scale, config=config, spec=SPEC,
+                           extra=dict(WARP_SPECIALIZE=warp_specialize), around=with_scratch)

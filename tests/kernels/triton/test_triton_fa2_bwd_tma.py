@@ -106,5 +106,7 @@ def test_property_gradients_within_flashattention_rule(nq, nk, d, causal, heads,
     q, k, v, do = make_qkv(1, heads[0], heads[1], nq, nk, d, dtype=dtype, seed=seed, device=DEVICE)
     o, lse = fa2_fwd.forward(q, k, v, causal=causal, scale=d ** -0.5)
     grads = fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=causal, scale=d ** -0.5)
-    # floor: with one key, dQ is 0 exactly in plain torch and ~1e-7 in fp32 accumulation here
-    assert_attention_right(q, k, v, do, causal=causal, o=o, lse=lse, grads=grads, floor=1e-6)
+    # floor: at a handful of keys plain fp16/bf16 torch can be luckier than one rounding of dS to the
+    # input dtype (nq=1, nk=2, d=8 fp16: dK 1.8e-4 against 5.5e-5, version 2 bit for bit the same);
+    # half an fp16 ulp at 1.0 (4.9e-4) absorbs that and nothing larger
+    assert_attention_right(q, k, v, do, causal=causal, o=o, lse=lse, grads=grads, floor=2.0 ** -11)

@@ -27,7 +27,7 @@ from hypothesis import strategies as st  # noqa: E402
 import flashlib  # noqa: E402
 import flashlib.kernels.triton as ft  # noqa: E402
 from flashlib.backends import triton as triton_backend  # noqa: E402
-from flashlib.kernels.triton import fa2_fwd, fa2_fwd_tma  # noqa: E402
+from flashlib.kernels.triton import fa2_bwd_tma, fa2_fwd, fa2_fwd_tma  # noqa: E402
 from flashlib.kernels.triton.configs import Config  # noqa: E402
 from flashlib.testing import assert_attention_right  # noqa: E402
 
@@ -95,11 +95,9 @@ def _misaligned(x):
     (_misaligned, "multiples of 16 bytes"),
 ], ids=["fp32", "d59", "transposed", "expanded-rows", "misaligned"])
 def test_supported_says_why_not_and_forward_refuses(make, expect):
-    q, k, v, _ = make_qkv(1, 2, 2, 16, 16, 64, dtype=torch.float16, device=DEVICE)
+    q, k, v, _ = make_qkv(1, 2, 2, 64, 64, 64, dtype=torch.float16, device=DEVICE)   # N = d: q^T fits too
     bad = make(q)
-    k, v = (x[..., :bad.shape[-1]].to(bad.dtype) for x in (k, v)) if bad.shape[-1] != 64 else (k, v)
-    if bad.shape[-1] != 64 or bad.dtype != q.dtype:
-        k, v = k.contiguous(), v.contiguous()
+    k, v = (x[..., :bad.shape[-1]].to(bad.dtype).contiguous() for x in (k, v))   # k, v as q: only q is bad
     why = fa2_fwd_tma.supported(bad, k, v)
     assert why is not None and expect in why
     with pytest.raises(ValueError, match="fa2_fwd_tma.forward"):
@@ -110,6 +108,23 @@ def test_warp_specialize_must_be_a_bool():
     q, k, v, _ = make_qkv(1, 1, 1, 8, 8, 16, dtype=torch.float16, device=DEVICE)
     with pytest.raises(TypeError, match="warp_specialize must be a bool"):
         tma_forward(q, k, v, False, warp_specialize=1)
+
+
+def test_bad_arguments_are_named():
+    q, k, v, do = make_qkv(1, 2, 1, 8, 8, 16, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got list"):
+        fa2_fwd_tma.supported([1], k, v)
+    with pytest.raises(ValueError, match="k must have the head dim of q"):
+        tma_forward(q, k[..., :8], v[..., :8], False)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        fa2_fwd_tma.forward(q, k, v, causal=1, scale=0.5)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        fa2_fwd_tma.forward(q, k, v, causal=False, scale=float("nan"))
+    o, lse = tma_forward(q, k, v, False)
+    with pytest.raises(ValueError, match="do must have q's shape, dtype and device"):
+        fa2_bwd_tma.backward(q, k, v, o, lse, do[:, :, :4], causal=False, scale=0.5)
+    with pytest.raises(TypeError, match="do must be a torch.Tensor, got NoneType"):
+        fa2_bwd_tma.backward(q, k, v, o, lse, None, causal=False, scale=0.5)
 
 
 def test_scratch_allocator_is_scoped_to_the_launch():
