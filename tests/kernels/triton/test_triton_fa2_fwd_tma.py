@@ -170,8 +170,9 @@ def test_env_with_an_unknown_version_is_a_clear_error(monkeypatch):
 def test_property_within_flashattention_rule(nq, nk, d, causal, heads, seed, dtype):
     q, k, v, do = make_qkv(1, heads[0], heads[1], nq, nk, d, dtype=dtype, seed=seed, device=DEVICE)
     o, lse = tma_forward(q, k, v, causal)
-    # floor: where plain torch is exact (one key), an fp32-accumulated 1e-7 must not fail the rule
-    assert_attention_right(q, k, v, do, causal=causal, o=o, lse=lse, floor=1e-6)
+    # floor: at a handful of keys plain fp16/bf16 torch can be exact or luckier than the one final
+    # rounding here (test_triton_fa2_bwd_tma's property test found such a case); half an fp16 ulp at 1.0
+    assert_attention_right(q, k, v, do, causal=causal, o=o, lse=lse, floor=2.0 ** -11)
 
 
 # ------------------------------------------------- the header's warp-specialization facts, on sm_90
