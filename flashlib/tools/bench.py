@@ -38,12 +38,14 @@ import sys
 import warnings
 from typing import Callable
 
-__all__ = ["SCHEMA", "SDPA_BACKENDS", "FLASHLIB_IMPLS", "TRITON_KERNELS", "CUDA_NO_BACKWARD",
+__all__ = ["SCHEMA", "SMALL_SHAPE", "SMALL_TIMES", "SDPA_BACKENDS", "FLASHLIB_IMPLS", "TRITON_KERNELS",
+           "CUDA_NO_BACKWARD", "host_timer", "small_ratios",
            "TMA_NO_DECODE", "TMA_REFUSED", "attention_flops", "decode_bytes", "environment", "triton_kernels", "run",
            "ratios", "save", "load", "result_name", "plot", "plot_file", "main"]
 
 DEFAULT_NS = (512, 1024, 2048, 4096, 8192, 16384)
-SCHEMA = "flashlib-bench/1"        # the result file's format; a change to it gets a new number
+SCHEMA = "flashlib-bench/2"        # the result file's format; a change to it gets a new number
+SCHEMAS = ("flashlib-bench/1", SCHEMA)   # what load reads: /2 added the optional "small" section
 # The rows that time torch's SDPA, and the torch.nn.attention.SDPBackend each one forces.
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION"}
@@ -66,6 +68,10 @@ TMA_REFUSED = ("the TMA kernels do not take these tensors (versions 1 and 2, whi
 # plot: the line style of each of flashlib's rows against SDPA (bottom panels)
 LINESTYLES = {"flashlib": "-", "flashlib-tma": "-.", "flashlib-cuda": "--"}
 TIMES = ("fwd_ms", "bwd_ms", "decode_ms")          # what a row measures, in milliseconds per call
+# The small call of issue "host overhead": one sequence of 128 tokens, 8 heads, d = 64, where the kernels
+# take microseconds and the host's work (checks, dispatch, launches) decides the latency.
+SMALL_SHAPE = (1, 8, 128, 64)                      # (B, H, N, d)
+SMALL_TIMES = ("call_ms", "train_ms")              # inference forward; forward + backward (grads of q, k, v)
 DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}     # bench dtypes and their bytes per element
 DEFAULT_TIMER = "triton.testing.do_bench(return_mode='median')"
 _ENV_FIELDS = ("device", "compute_capability", "sm_count", "driver", "cuda", "torch", "triton", "flashlib",
@@ -192,6 +198,32 @@ def _backward(fn, q, k, v, do):
     return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
 
 
+def host_timer(fn: Callable, calls: int = 200, repeats: int = 7) -> float:
+    """Milliseconds per call of ``fn()`` run ``calls`` times back to back, the GPU synchronised after the
+    last (median of ``repeats``). For a call whose kernels take microseconds this is what the reader's loop
+    sees: the host's work (checks, dispatch, launches) plus whatever GPU time it cannot hide. CUDA events
+    (``do_bench``) would time only the GPU, and hide exactly the host overhead this measures.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench_small.py.
+    """
+    import statistics
+    import time
+
+    import torch
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    fn()
+    sync()                                               # warm: compiled, cached, allocated
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        per_call.append((time.perf_counter() - start) / calls * 1e3)
+    return statistics.median(per_call)
+
+
 def _time_impl(timer, fn, dec, qkv_do, context, refusals, untimed=None) -> tuple[dict, dict]:
     """Forward, backward and decode times of one implementation (``context`` forces its SDPA
     backend), and why any of them is missing (``untimed``: ``{time: why}`` not to time at all)."""
@@ -291,7 +323,8 @@ def _with_throughput(row: dict, config: dict) -> dict:
 
 
 def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype="float16", causal=False,
-        device="cuda", timer: Callable | None = None, progress=True, cuda=True, tma=True) -> dict:
+        device="cuda", timer: Callable | None = None, progress=True, cuda=True, tma=True,
+        small: tuple | None = None, small_timer: Callable | None = None) -> dict:
     """Time forward, backward and decode of "flashlib" (the Triton kernels, versions 1 and 2),
     "flashlib-tma" (the TMA forward and the TMA dK/dV: tensor descriptors; no decode; unless
     ``tma=False``), "flashlib-cuda" (the CUDA C++ kernels; unless ``cuda=False``), torch SDPA forced to
@@ -312,8 +345,13 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
     timing). ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench`` (median); tests pass another to
     run the plumbing on a CPU at tiny sizes.
 
+    ``small=(B, H, N, d)`` (``python -m flashlib bench`` passes :data:`SMALL_SHAPE`) also times one small
+    call of every implementation in the run's dtype with ``small_timer`` (default :func:`host_timer`:
+    back to back, host time included): ``results["small"] = {"shape": [B, H, N, d], "rows": [{"impl",
+    "call_ms", "train_ms", "why"}]}``; :func:`small_ratios` turns it into flashlib's latency against SDPA.
+
     Explained in: notebooks/07_triton.
-    Tested in: tests/tools/test_bench.py.
+    Tested in: tests/tools/test_bench.py, tests/tools/test_bench_small.py.
     """
     import torch
     from tqdm.auto import tqdm
@@ -364,9 +402,7 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
                 dec = lambda be=mine[name]: flashlib.decode(q1, k, v, backend=be)       # noqa: E731
             else:
                 dec = lambda: fn(q1, kk, vv)                                               # noqa: E731
-            context, why_not = sdpa.get(name, (contextlib.nullcontext, None))   # non-SDPA: forces nothing
-            if name in TRITON_KERNELS:      # the Triton rows: their kernels, around their calls only
-                context = lambda versions=TRITON_KERNELS[name]: triton_kernels(*versions)   # noqa: E731
+            context, why_not = _context(name, sdpa)
             skip = dict(untimed.get(name, {}))
             if name == "flashlib-tma" and (tma_why := fa2_fwd_tma.supported(q, k, v, do)) is not None:
                 skip["fwd_ms"] = f"{TMA_REFUSED}: {tma_why}"[:_WHY_MAX]   # not versions 1/2 under its name
@@ -377,7 +413,56 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
                 refusals = (RuntimeError,) if name in SDPA_BACKENDS or name == "flashlib-cuda" else ()
                 times, why = _time_impl(timer, fn, dec, (q, kk, vv, do), context, refusals, skip)
             rows.append(_with_throughput({"n": n, "impl": name, **times, "why": why}, config))
-    return {"environment": env, "config": config, "rows": rows}
+    results = {"environment": env, "config": config, "rows": rows}
+    if small is not None:
+        results["small"] = _small_calls(small, small_timer or host_timer, attend, sdpa, dt, device,
+                                        {name: untimed.get(name, {}) for name in attend}, tma)
+    return results
+
+
+def _context(name, sdpa):
+    """``(context factory, why it cannot run or None)`` of one implementation: its SDPA backend forced,
+    or its Triton kernels set (around its own calls only), or nothing."""
+    context, why_not = sdpa.get(name, (contextlib.nullcontext, None))       # non-SDPA: forces nothing
+    if name in TRITON_KERNELS:
+        context = lambda versions=TRITON_KERNELS[name]: triton_kernels(*versions)        # noqa: E731
+    return context, why_not
+
+
+def _small_calls(shape, timer, attend, sdpa, dt, device, untimed, tma) -> dict:
+    """One small call of each implementation in ``attend``: its inference forward ("call_ms") and its
+    forward + backward ("train_ms"), each timed by ``timer``; None with the reason where it cannot run."""
+    import torch
+    if not (isinstance(shape, (tuple, list)) and len(shape) == 4 and all(_positive_int(x) for x in shape)):
+        raise ValueError(f"run: small must be (B, H, N, d) of positive ints, e.g. {SMALL_SHAPE}, got {shape!r}")
+    b, h, n, d = shape
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v, do = (torch.randn(b, h, n, d, device=device, dtype=dt, generator=gen) for _ in range(4))
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+
+    def train(fn):
+        return lambda: torch.autograd.grad(fn(qg, kg, vg), (qg, kg, vg), do)
+    rows = []
+    for name, fn in attend.items():
+        context, why_not = _context(name, sdpa)
+        why = dict.fromkeys(SMALL_TIMES, why_not) if why_not else {}
+        if name == "flashlib-tma" and tma and not why:
+            from ..kernels.triton import fa2_fwd_tma
+            if (tma_why := fa2_fwd_tma.supported(q, k, v, do)) is not None:
+                why = dict.fromkeys(SMALL_TIMES, f"{TMA_REFUSED}: {tma_why}"[:_WHY_MAX])
+        if "bwd_ms" in untimed[name]:               # e.g. the CUDA backward does not apply: Triton's runs
+            why.setdefault("train_ms", untimed[name]["bwd_ms"])
+        refusals = (RuntimeError,) if name in SDPA_BACKENDS or name == "flashlib-cuda" else ()
+        times = dict.fromkeys(SMALL_TIMES)
+        for key, call in (("call_ms", lambda: fn(q, k, v)), ("train_ms", train(fn))):
+            if key in why:
+                continue
+            with context(), (torch.no_grad() if key == "call_ms" else torch.enable_grad()):
+                times[key], reason = _measure(lambda: timer(call), refusals)
+            if reason:
+                why[key] = reason
+        rows.append({"impl": name, **times, "why": why})
+    return {"shape": list(shape), "rows": rows}
 
 
 # ---- result files: one validator for run's arguments, save and load ----
@@ -442,16 +527,7 @@ def _check_rows(rows, config, source) -> None:
             _fail(source, f"rows[{i}].n", f"one of config.ns {config['ns']}", row.get("n"))
         if not isinstance(row.get("impl"), str) or not row["impl"]:
             _fail(source, f"rows[{i}].impl", "an implementation's name", row.get("impl"))
-        why = row.get("why")
-        if not isinstance(why, dict):
-            _fail(source, f"rows[{i}].why", "a dict of reasons for the null times", why)
-        for key in TIMES:
-            t = row.get(key, "missing")
-            if t is None:
-                if not isinstance(why.get(key), str) or not why[key]:
-                    _fail(source, f"rows[{i}].why.{key}", f"the reason {key} is null", why.get(key))
-            elif isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-                _fail(source, f"rows[{i}].{key}", "a positive number of milliseconds or null", t)
+        _check_times(row, TIMES, f"rows[{i}]", source)
     present = {(r["n"], r["impl"]) for r in rows}
     for n in config["ns"]:
         for impl in ("flashlib", *SDPA_BACKENDS):
@@ -460,12 +536,48 @@ def _check_rows(rows, config, source) -> None:
                       sorted(i for m, i in present if m == n))
 
 
+def _check_times(row, keys, where, source) -> None:
+    """Each of ``keys`` in ``row`` a positive number of milliseconds, or null with its reason in ``why``."""
+    why = row.get("why")
+    if not isinstance(why, dict):
+        _fail(source, f"{where}.why", "a dict of reasons for the null times", why)
+    for key in keys:
+        t = row.get(key, "missing")
+        if t is None:
+            if not isinstance(why.get(key), str) or not why[key]:
+                _fail(source, f"{where}.why.{key}", f"the reason {key} is null", why.get(key))
+        elif isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            _fail(source, f"{where}.{key}", "a positive number of milliseconds or null", t)
+
+
+def _check_small(small, source) -> None:
+    """The optional small-call section: its shape, and flashlib and every SDPA backend timed or refused."""
+    if not isinstance(small, dict):
+        _fail(source, "small", "a dict with 'shape' and 'rows'", small)
+    shape = small.get("shape")
+    if not isinstance(shape, list) or len(shape) != 4 or not all(_positive_int(x) for x in shape):
+        _fail(source, "small.shape", "[B, H, N, d] of positive ints", shape)
+    rows = small.get("rows")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        _fail(source, "small.rows", "a non-empty list of dicts", rows)
+    for i, row in enumerate(rows):
+        if not isinstance(row.get("impl"), str) or not row["impl"]:
+            _fail(source, f"small.rows[{i}].impl", "an implementation's name", row.get("impl"))
+        _check_times(row, SMALL_TIMES, f"small.rows[{i}]", source)
+    missing = [impl for impl in ("flashlib", *SDPA_BACKENDS) if impl not in {r["impl"] for r in rows}]
+    if missing:
+        _fail(source, "small.rows", f"a row for each of {missing} (SDPA is measured in the same run)",
+              [r["impl"] for r in rows])
+
+
 def _check(results, source) -> None:
     if not isinstance(results, dict):
         _fail(source, "the results", "a dict from run() or load()", type(results).__name__)
     _check_environment(results.get("environment"), source)
     _check_config(results.get("config"), source)
     _check_rows(results.get("rows"), results["config"], source)
+    if "small" in results:
+        _check_small(results["small"], source)
 
 
 def result_name(results: dict) -> str:
@@ -486,7 +598,7 @@ def result_name(results: dict) -> str:
 def save(results: dict, path) -> pathlib.Path:
     """Write ``results`` (from :func:`run` on a CUDA GPU) to ``path`` as JSON, schema :data:`SCHEMA`:
     ``{"schema", "environment", "config", "rows": [{"n", "impl", "fwd_ms", "bwd_ms", "decode_ms",
-    "why"}]}``; throughputs are not stored (:func:`load` derives them from the times). Results that are
+    "why"}]}``, plus ``"small"`` where the run timed a small call; throughputs are not stored (:func:`load` derives them from the times). Results that are
     not a CUDA GPU's, or lack a field, are refused with a ValueError and nothing is written.
 
     Explained in: notebooks/07_triton.
@@ -496,6 +608,8 @@ def save(results: dict, path) -> pathlib.Path:
     data = {"schema": SCHEMA, "environment": {k: results["environment"][k] for k in _ENV_FIELDS},
             "config": results["config"],
             "rows": [{k: r[k] for k in ("n", "impl", *TIMES, "why")} for r in results["rows"]]}
+    if "small" in results:
+        data["small"] = results["small"]
     path = pathlib.Path(path)
     path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
     return path
@@ -514,12 +628,17 @@ def load(path) -> dict:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not a JSON file ({e})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+    if not isinstance(data, dict) or data.get("schema") not in SCHEMAS:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        _fail(path, "schema", repr(SCHEMA), got)
+        _fail(path, "schema", f"one of {SCHEMAS}", got)
+    if data["schema"] != SCHEMA and "small" in data:
+        _fail(path, "small", f"absent in a {data['schema']} file (schema {SCHEMA} added it)", "a section")
     _check(data, path)
-    return {"environment": data["environment"], "config": data["config"],
-            "rows": [_with_throughput(r, data["config"]) for r in data["rows"]]}
+    out = {"environment": data["environment"], "config": data["config"],
+           "rows": [_with_throughput(r, data["config"]) for r in data["rows"]]}
+    if "small" in data:
+        out["small"] = data["small"]
+    return out
 
 
 def ratios(results: dict, impl: str = "flashlib") -> list[dict]:
@@ -537,6 +656,22 @@ def ratios(results: dict, impl: str = "flashlib") -> list[dict]:
     return [{"n": r["n"], "baseline": r["impl"],
              **{t[:-3]: (r[t] / mine[r["n"]][t] if r[t] and mine[r["n"]][t] else None) for t in TIMES}}
             for r in results["rows"] if r["impl"] in SDPA_BACKENDS and r["n"] in mine]
+
+
+def small_ratios(results: dict) -> list[dict]:
+    """The small call's latency against SDPA's (:data:`SMALL_SHAPE`, timed back to back by
+    :func:`host_timer`): ``[{"impl", "baseline", "call", "train"}]`` for each of flashlib's rows and each
+    SDPA backend, the backend's time / flashlib's (> 1: flashlib is faster; the goal "within 2x of SDPA's
+    latency" is a ratio >= 0.5), None where either has no time. ``[]`` for results without a small call.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench_small.py.
+    """
+    rows = {r["impl"]: r for r in results.get("small", {}).get("rows", [])}
+    return [{"impl": impl, "baseline": base,
+             **{t[:-3]: (rows[base][t] / rows[impl][t] if rows[base][t] and rows[impl][t] else None)
+                for t in SMALL_TIMES}}
+            for impl in FLASHLIB_IMPLS if impl in rows for base in SDPA_BACKENDS if base in rows]
 
 
 def _flashlib_impls(results: dict) -> list[str]:
@@ -636,8 +771,19 @@ def format_results(results: dict) -> str:
                   f"{'N':>6} {'against':<15} {'fwd':>8} {'bwd':>8} {'decode':>8}"]
         lines += [f"{s['n']:>6} {s['baseline']:<15} {x(s['fwd'])} {x(s['bwd'])} {x(s['decode'])}"
                   for s in ratios(results, impl)]
+    if "small" in results:
+        b, h, n, d = results["small"]["shape"]
+        lines += ["", f"a small call (B={b} H={h} N={n} d={d}), back to back: microseconds per call",
+                  f"{'impl':<15} {'call us':>8} {'train us':>8}"]
+        lines += [f"{r['impl']:<15} " + " ".join(f(None if r[t] is None else r[t] * 1e3, r['why'].get(t))
+                                                 for t in SMALL_TIMES) for r in results["small"]["rows"]]
+        lines += ["", "the small call's speed against SDPA (SDPA time / flashlib time; > 1: faster)",
+                  f"{'impl':<15} {'against':<15} {'call':>8} {'train':>8}"]
+        lines += [f"{s['impl']:<15} {s['baseline']:<15} {x(s['call'])} {x(s['train'])}"
+                  for s in small_ratios(results)]
     notes: dict = {}                  # (impl, reason) -> the measurements it applies to
-    for r in results["rows"]:
+    for r in results["rows"] + [dict(r, impl=f"{r['impl']} (small call)")
+                                for r in results.get("small", {}).get("rows", [])]:
         for key, why in r["why"].items():
             notes.setdefault((r["impl"], why), dict.fromkeys(()))[key[:-3]] = None
     if notes:
@@ -678,7 +824,8 @@ def main(args) -> int:
             print(f"--save {args.save}: {e}; nothing was run", file=sys.stderr)
             return 2
     results = run(args.n, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
-                  dtype=args.dtype, causal=args.causal, cuda=not args.no_cuda, tma=not args.no_tma)
+                  dtype=args.dtype, causal=args.causal, cuda=not args.no_cuda, tma=not args.no_tma,
+                  small=None if args.no_small else SMALL_SHAPE)
     print(format_results(results))
     if args.save:
         path = save(results, pathlib.Path(args.save) / result_name(results) if folder else args.save)
@@ -704,6 +851,8 @@ def add_arguments(parser) -> None:
                         help="skip the 'flashlib-cuda' row (the CUDA C++ kernels)")
     parser.add_argument("--no-tma", action="store_true",
                         help="skip the 'flashlib-tma' row (the Triton TMA kernels: tensor descriptors)")
+    parser.add_argument("--no-small", action="store_true",
+                        help=f"skip the small call (B, H, N, d = {SMALL_SHAPE}: host overhead against SDPA)")
     parser.add_argument("--out", default="flashlib-bench.png", help="plot file ('' for none)")
     parser.add_argument("--save", default=None, metavar="FILE.json",
                         help=f"write every measurement and the environment to FILE.json (schema {SCHEMA}; "

@@ -108,3 +108,24 @@ def test_the_tma_row_times_the_tma_forward_and_dkdv_and_says_why_not_decode(save
     speed = bench.ratios(res, "flashlib-tma")
     assert any(s["fwd"] is not None for s in speed), "no SDPA forward ratio for the TMA forward"
     assert any(s["bwd"] is not None for s in speed), "no SDPA backward ratio for the TMA dK/dV"
+
+
+def test_the_small_call_is_timed_for_flashlib_and_sdpa_in_the_same_run(saved):
+    """The command times one small call (bench.SMALL_SHAPE, B1 H8 N128 d64: host overhead) of every
+    implementation, back to back: flashlib's Triton rows and every SDPA backend that takes it have a
+    latency, a refusal keeps torch's reason, and flashlib's latency ratio against SDPA exists. The
+    issue's goal (within 2x of SDPA: ratio >= 0.5) is printed, not asserted: it is a speed goal, and
+    `make test-gpu` checks correctness."""
+    res = bench.load(saved)
+    small = res["small"]
+    assert small["shape"] == list(bench.SMALL_SHAPE)
+    rows = {r["impl"]: r for r in small["rows"]}
+    for impl in ("flashlib", "flashlib-tma"):
+        assert rows[impl]["call_ms"] > 0 and rows[impl]["train_ms"] > 0, rows[impl]
+    for name, member in bench.SDPA_BACKENDS.items():
+        r = rows[name]
+        assert r["call_ms"] > 0 if _sdpa_takes(member) else (r["call_ms"] is None and r["why"]["call_ms"]), r
+    speed = [s for s in bench.small_ratios(res) if s["impl"] == "flashlib" and s["call"] is not None]
+    assert speed, "no SDPA backend timed the small call on this GPU"
+    print("small call, flashlib vs SDPA (SDPA time / flashlib time; goal >= 0.5):",
+          {s["baseline"]: (round(s["call"], 3), s["train"] and round(s["train"], 3)) for s in speed})

@@ -395,7 +395,7 @@ def _spoil(data, where, value):
 
 
 @pytest.mark.parametrize("where,value,message", [
-    (("schema",), "flashlib-bench/0", "schema must be 'flashlib-bench/1'"),
+    (("schema",), "flashlib-bench/0", re.escape(f"schema must be one of {bench.SCHEMAS}")),
     (("environment", "commit"), KeyError, "environment.commit must be a non-empty string"),
     (("environment", "device"), "cpu", "environment.device must be a CUDA GPU's name"),
     (("environment", "compute_capability"), None, "environment.compute_capability must be a CUDA GPU's"),
