@@ -1,10 +1,15 @@
-"""flashlib's torch ops: all of the autograd of :func:`flashlib.attention` (imported on first use).
+"""flashlib's torch ops: the autograd of :func:`flashlib.attention` and the op of :func:`flashlib.decode`
+(imported on first use).
 
-With torch >= 2.4, two :mod:`torch.library` custom ops, ``flashlib::attention_fwd`` and
-``flashlib::attention_bwd``, each with a fake (shape-only) implementation and the forward's autograd
-registered, so that ``torch.compile`` sees ``flashlib.attention`` as one opaque op, without graph
-breaks. With an older torch, the same two steps as a plain :class:`torch.autograd.Function`. Both
-call a backend of :mod:`flashlib.backends`, which travels through the op as its registry name.
+With torch >= 2.4, three :mod:`torch.library` custom ops, ``flashlib::attention_fwd``,
+``flashlib::attention_bwd`` and ``flashlib::decode``, each with a fake (shape-only) implementation, and
+the forward's autograd registered, so that ``torch.compile`` sees ``flashlib.attention`` and
+``flashlib.decode`` as one opaque op each, without graph breaks. With an older torch, the same steps as
+a plain :class:`torch.autograd.Function` and a plain function. All call a backend of
+:mod:`flashlib.backends`, which travels through the ops as its registry name.
+
+A custom op's dispatch costs host time, so eager inference calls the backend directly
+(:func:`op_needed`).
 
 Explained in: notebooks/07_triton.
 """
@@ -22,7 +27,7 @@ from .backends import BACKENDS
 if "triton" not in sys.modules and importlib.util.find_spec("triton") is not None:
     from .kernels import triton as _flashlib_triton  # noqa: F401
 
-__all__ = ["attention_op", "attention", "op_needed"]
+__all__ = ["attention_op", "decode_op", "attention", "decode", "op_needed"]
 
 
 def _blocks(block_q: int, block_k: int):
@@ -41,12 +46,42 @@ def _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, 
     return tuple(g.contiguous() for g in grads)
 
 
+def _decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend):
+    o, lse = BACKENDS[backend].decode(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
+                                      scale=scale)
+    return o.contiguous(), lse.contiguous()
+
+
+def _fake_outputs(q):
+    """``(o, lse)`` as the ops return them: contiguous, whatever q's strides (torch.compile plans views
+    from these strides); lse float32 (float64 stays float64), ``(B, H, Nq)``."""
+    lse_dtype = torch.promote_types(q.dtype, torch.float32)
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=lse_dtype)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, *args = inputs                           # causal, scale, allow_tf32, backend, blocks
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.args = tuple(args)
     ctx.mark_non_differentiable(lse)                   # lse is an output to read, not to train
+
+
+class _Attention(torch.autograd.Function):
+    """The autograd of attention without a custom op, for a torch without :mod:`torch.library`
+    custom ops."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
+        o, lse = _fwd_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)
+        _setup_context(ctx, (q, k, v, causal, scale, allow_tf32, backend, block_q, block_k), (o, lse))
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        grads = _bwd_impl(q, k, v, o, lse, do.contiguous(), *ctx.args)
+        return (*grads, None, None, None, None, None, None)
 
 
 if hasattr(torch.library, "custom_op"):
@@ -58,10 +93,7 @@ if hasattr(torch.library, "custom_op"):
 
     @attention_fwd.register_fake
     def _(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
-        # Contiguous, whatever q's strides: the real op returns contiguous tensors too, and
-        # torch.compile plans views from these strides.
-        lse_dtype = torch.promote_types(q.dtype, torch.float32)     # float32; float64 stays float64
-        return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=lse_dtype)
+        return _fake_outputs(q)
 
     @torch.library.custom_op("flashlib::attention_bwd", mutates_args=(), schema=(
         "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, float scale,"
@@ -81,38 +113,39 @@ if hasattr(torch.library, "custom_op"):
     attention_fwd.register_autograd(_backward, setup_context=_setup_context)
     attention_op = attention_fwd
 
+    # Decode is inference only: no autograd registered (flashlib.decode refuses inputs needing grad).
+    @torch.library.custom_op("flashlib::decode", mutates_args=(), schema=(
+        "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, int num_splits, float scale,"
+        " str backend) -> (Tensor o, Tensor lse)"))
+    def decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend):
+        return _decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend)
+
+    @decode_op.register_fake
+    def _(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend):
+        return _fake_outputs(q)
+
 else:  # pragma: no cover - torch < 2.4
-    class _Attention(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
-            o, lse = _fwd_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)
-            _setup_context(ctx, (q, k, v, causal, scale, allow_tf32, backend, block_q, block_k),
-                           (o, lse))
-            return o, lse
-
-        @staticmethod
-        def backward(ctx, do, _dlse):
-            q, k, v, o, lse = ctx.saved_tensors
-            return (*_bwd_impl(q, k, v, o, lse, do, *ctx.args), None, None, None, None, None, None)
-
     attention_op = _Attention.apply
+    decode_op = _decode_impl
 
 
-def op_needed(q, k, v) -> bool:
-    """Whether a call must go through :data:`attention_op`: when torch.compile traces it (the compiler
-    must see one opaque op), when autograd will want its backward, or when anything other than plain
-    eager tensors is involved (a tensor subclass, a torch.func transform, a dispatch mode such as
-    FakeTensorMode or FlopCounterMode). Otherwise the op's dispatch is pure host overhead — about 50 µs
-    a call on a slow CPU, several times a small kernel's run time — so the backend is called directly.
+def op_needed(*tensors) -> bool:
+    """Whether a call on ``tensors`` (None entries ignored) must go through the custom op
+    (:data:`attention_op`, :data:`decode_op`): when torch.compile traces it (the compiler must see one
+    opaque op), when autograd will want its backward, or when anything other than plain eager tensors
+    is involved (a tensor subclass, a torch.func transform, a dispatch mode such as FakeTensorMode or
+    FlopCounterMode). Otherwise the op's dispatch is pure host overhead — about 50 µs a call on a slow
+    CPU, several times a small kernel's run time — so the backend is called directly.
 
     Explained in: notebooks/07_triton.
     Tested in: tests/test_ops.py.
     """
     if torch.compiler.is_compiling():
         return True
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    present = [t for t in tensors if t is not None]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
         return True
-    if not (type(q) is type(k) is type(v) is torch.Tensor):
+    if any(type(t) is not torch.Tensor for t in present):
         return True
     transforms = getattr(torch._C, "_are_functorch_transforms_active", None)
     modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
@@ -128,6 +161,21 @@ def attention(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
     Explained in: notebooks/07_triton.
     Tested in: tests/test_ops.py.
     """
+    args = (q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)
     if op_needed(q, k, v):
-        return attention_op(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)
-    return _fwd_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)
+        return attention_op(*args)
+    return _fwd_impl(*args)
+
+
+def decode(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend):
+    """``(o, lse)`` of backend ``backend``'s decode (validated arguments, as :func:`flashlib.decode`
+    passes them): through :data:`decode_op` where :func:`op_needed` says so, else the backend directly
+    (decode has no autograd: :func:`flashlib.decode` refuses inputs that need a gradient).
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/test_ops.py.
+    """
+    args = (q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend)
+    if op_needed(q, k_cache, v_cache, cache_seqlens):
+        return decode_op(*args)
+    return _decode_impl(*args)

@@ -5,9 +5,10 @@ Three thin layers, as in flash-attn's interface:
 1. the backends (:mod:`flashlib.backends`): a registry of named ways to compute attention — "triton"
    (:mod:`flashlib.kernels.triton`), "cuda" (:mod:`flashlib.kernels.cuda`) and "reference" (the
    ladder's NumPy :mod:`flashlib.ladder.fa2` and :mod:`flashlib.ladder.decoding` on a CPU copy);
-2. autograd (:mod:`flashlib._ops`): the custom ops ``flashlib::attention_fwd`` /
-   ``flashlib::attention_bwd`` (:mod:`torch.library`, with fake implementations, so torch.compile
-   needs no graph break) that call a backend's forward and backward;
+2. the ops (:mod:`flashlib._ops`): the custom ops ``flashlib::attention_fwd`` /
+   ``flashlib::attention_bwd`` (with attention's autograd) and ``flashlib::decode`` (:mod:`torch.library`,
+   with fake implementations, so torch.compile needs no graph break) that call a backend's forward,
+   backward and decode;
 3. this module: the public functions, which check every argument with the one validator
    (:mod:`flashlib.validation`), pick the backend (:func:`flashlib.backends.resolve`) and call the op.
 
@@ -176,6 +177,6 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
         raise ValueError("decode is inference-only (not differentiable), but q, k_cache or v_cache "
                          "requires grad: call it under torch.no_grad(), or use flashlib.attention")
     chosen = backends.resolve(backend, q, "decode")
-    with torch.no_grad():
-        o, lse = chosen.decode(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits, scale=scale)
+    from . import _ops                                # the op torch.compile sees (first use only)
+    o, lse = _ops.decode(q, k_cache, v_cache, cache_seqlens, num_splits, scale, chosen.name)
     return (o, lse) if return_lse else o

@@ -1,5 +1,6 @@
-"""flashlib._ops, all of flashlib.attention's autograd: the torch.library custom ops pass torch's
-opcheck, call the chosen backend's forward and backward, and compile with no graph break.
+"""flashlib._ops, all of flashlib.attention's autograd and flashlib.decode's op: the torch.library custom
+ops pass torch's opcheck, call the chosen backend's forward, backward and decode, and compile with no
+graph break.
 
 On conftest's DEVICE: the op runs the compiled Triton kernels on a GPU machine, the reference on a CPU.
 """
@@ -148,3 +149,69 @@ def test_direct_and_op_paths_give_the_same_result_and_call_the_backend_once():
                                         backend="counted", block_k=4)
     assert calls == [(None, 4), (None, 4)]
     torch.testing.assert_close(direct, through_op.detach(), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------- decode: one op for torch.compile
+
+def _ops_called(graph_module) -> list:
+    """The targets of a traced graph's calls into flashlib's custom ops."""
+    return [str(n.target) for n in graph_module.graph.nodes
+            if n.op == "call_function" and str(n.target).startswith("flashlib.")]
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_decode_compiles_to_one_op_without_graph_break_and_matches_eager(backend):
+    """Before flashlib::decode, dynamo traced into the backend (NumPy for "reference") and failed:
+    "RuntimeError when making fake tensor call", or with fullgraph "Unsupported ndarray attribute"."""
+    q, kc, vc = make_qkv(B=2, H=4, HKV=2, NQ=1, NK=40, D=16, dtype=torch.float32, seed=4, device=DEVICE)
+
+    def step(q, kc, vc):
+        return flashlib.decode(q, kc, vc, num_splits=2, backend=backend) * 2
+
+    torch._dynamo.reset()
+    explain = torch._dynamo.explain(step)(q, kc, vc)
+    assert explain.graph_count == 1 and explain.graph_break_count == 0, explain.break_reasons
+    assert _ops_called(explain.graphs[0]) == ["flashlib.decode.default"]
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(q, kc, vc)
+    torch.testing.assert_close(compiled, step(q, kc, vc), rtol=0, atol=0)
+
+
+def test_decode_with_lengths_compiles_and_matches_eager():
+    """Explicit lengths: on a GPU never read by the host; CPU lengths are range-checked by
+    flashlib.validation, which torch.compile runs outside the graph (a graph break, CPU only)."""
+    q, kc, vc = make_qkv(B=3, H=4, HKV=1, NQ=2, NK=30, D=8, dtype=torch.float32, seed=5, device=DEVICE)
+    lens = torch.tensor([30, 0, 11], device=DEVICE)
+
+    def step(q, kc, vc, lens):
+        return flashlib.decode(q, kc, vc, cache_seqlens=lens, num_splits=3, return_lse=True)
+
+    torch._dynamo.reset()
+    (o, lse), (o_eager, lse_eager) = torch.compile(step, backend="aot_eager")(q, kc, vc, lens), step(q, kc, vc, lens)
+    torch.testing.assert_close(o, o_eager, rtol=0, atol=0)
+    torch.testing.assert_close(lse, lse_eager, rtol=0, atol=0)
+    assert torch.isneginf(lse[1]).all() and (o[1] == 0).all()
+
+
+@pytest.mark.parametrize("backend,dtype,strided,lens", [
+    ("reference", torch.float32, False, "int64"),
+    ("reference", torch.float64, True, "int32"),
+    ("triton", torch.float32, True, "int32"),
+    ("triton", torch.float16, False, "int64"),
+])
+def test_decode_op_passes_opcheck_and_its_fake_is_the_real_op(backend, dtype, strided, lens):
+    """torch.library.opcheck (schema, fake tensor, AOT dispatch), and the fake's shapes, dtypes and
+    strides are the real op's, also for a query strided as a Hugging Face model's."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    q, kc, vc = make_qkv(B=2, H=4, HKV=2, NQ=3, NK=20, D=16, dtype=dtype, seed=6, device=DEVICE)
+    if strided:
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)      # (B, H, Nq, d) viewed from (B, Nq, H, d)
+    seqlens = torch.tensor([20, 7], dtype=getattr(torch, lens), device=DEVICE)
+    args = (q, kc, vc, seqlens, 2, 0.25, backend)
+    flashlib.decode(q, kc, vc, backend=backend)                  # registers the ops on first use
+    torch.library.opcheck(torch.ops.flashlib.decode.default, args)
+    real = torch.ops.flashlib.decode.default(*args)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake = torch.ops.flashlib.decode.default(*args)
+    for r, f in zip(real, fake):
+        assert (r.shape, r.dtype, r.stride(), r.device) == (f.shape, f.dtype, f.stride(), f.device)

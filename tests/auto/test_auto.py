@@ -266,3 +266,25 @@ def test_hf_like_generation_is_token_identical_and_decodes_token_by_token(decode
     assert decode_calls == [(3, n_head, 1, d)] * (layers * (new - 1))    # every step after the prefill
     assert auto.stats["decode"] - before["decode"] == layers * (new - 1)
     assert auto.stats["routed"] - before["routed"] == layers * new       # the prefill went to attention
+
+
+def test_compiled_model_sends_decode_shaped_calls_to_one_decode_op():
+    """torch.compile of a model routed by flashlib.auto: a decode-shaped SDPA call becomes the one
+    custom op flashlib::decode (dynamo used to trace into the backend and fail), equal to eager SDPA."""
+    q, k, v = _qkv(1, 8, 2, 1, 64, 16, grad=False)
+
+    def layer(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True) * 2
+
+    want = ORIGINAL(q, k, v, enable_gqa=True) * 2
+    with auto.enabled(), torch.no_grad():
+        torch._dynamo.reset()
+        explain = torch._dynamo.explain(layer)(q, k, v)
+        torch._dynamo.reset()
+        before = auto.stats["decode"]
+        got = torch.compile(layer, backend="aot_eager", fullgraph=True)(q, k, v)
+        assert auto.stats["decode"] == before + 1                   # traced once, through decode
+    assert explain.graph_count == 1 and explain.graph_break_count == 0, explain.break_reasons
+    called = [str(n.target) for n in explain.graphs[0].graph.nodes if str(n.target).startswith("flashlib.")]
+    assert called == ["flashlib.decode.default"]
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
