@@ -8,8 +8,8 @@ the forward's autograd registered, so that ``torch.compile`` sees ``flashlib.att
 a plain :class:`torch.autograd.Function` and a plain function. All call a backend of
 :mod:`flashlib.backends`, which travels through the ops as its registry name.
 
-A custom op's dispatch costs host time, so eager inference calls the backend directly
-(:func:`op_needed`).
+A custom op's dispatch costs host time, so :func:`path` sends each call the cheapest way that is still
+correct: the op only where the compiler, a dispatch mode, a subclass or a torch.func transform needs it.
 
 Explained in: notebooks/07_triton.
 """
@@ -27,7 +27,7 @@ from .backends import BACKENDS
 if "triton" not in sys.modules and importlib.util.find_spec("triton") is not None:
     from .kernels import triton as _flashlib_triton  # noqa: F401
 
-__all__ = ["attention_op", "decode_op", "attention", "decode", "op_needed"]
+__all__ = ["attention_op", "decode_op", "attention", "decode", "path"]
 
 
 def _blocks(block_q: int, block_k: int):
@@ -68,8 +68,8 @@ def _setup_context(ctx, inputs, output):
 
 
 class _Attention(torch.autograd.Function):
-    """The autograd of attention without a custom op, for a torch without :mod:`torch.library`
-    custom ops."""
+    """The autograd of attention without a custom op: the eager path when only autograd needs it
+    (:func:`path` = "function"), and everything on a torch without :mod:`torch.library` custom ops."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
@@ -129,53 +129,62 @@ else:  # pragma: no cover - torch < 2.4
     decode_op = _decode_impl
 
 
-def op_needed(*tensors) -> bool:
-    """Whether a call on ``tensors`` (None entries ignored) must go through the custom op
-    (:data:`attention_op`, :data:`decode_op`): when torch.compile traces it (the compiler must see one
-    opaque op), when autograd will want its backward, or when anything other than plain eager tensors
-    is involved (a tensor subclass, a torch.func transform, a dispatch mode such as FakeTensorMode or
-    FlopCounterMode). Otherwise the op's dispatch is pure host overhead — about 50 µs a call on a slow
-    CPU, several times a small kernel's run time — so the backend is called directly.
+def path(*tensors) -> str:
+    """How a call on ``tensors`` (None entries ignored) reaches its backend, the cheapest correct way:
+
+    * ``"op"``: through the custom op (:data:`attention_op`, :data:`decode_op`) when torch.compile
+      traces the call (the compiler must see one opaque op), a tensor is a subclass (FakeTensor,
+      DTensor, ...), a torch.func transform is active, or a dispatch mode (FakeTensorMode,
+      FlopCounterMode, ...) is on the stack; also on a torch too old to tell (to be safe);
+    * ``"function"``: through the plain :class:`torch.autograd.Function` when only autograd needs a
+      backward (eager plain tensors, one of which requires grad while grad is enabled): the op's
+      dispatch costs several times the Function's host time (measured on a CPU with a backend that
+      computes nothing: forward 114 against 23 µs, forward and backward 336 against 129 µs);
+    * ``"backend"``: the backend directly, when nothing needs either (eager inference).
 
     Explained in: notebooks/07_triton.
     Tested in: tests/test_ops.py.
     """
     if torch.compiler.is_compiling():
-        return True
+        return "op"
     present = [t for t in tensors if t is not None]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
-        return True
     if any(type(t) is not torch.Tensor for t in present):
-        return True
+        return "op"
     transforms = getattr(torch._C, "_are_functorch_transforms_active", None)
     modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
-    if transforms is None or modes is None:                # an unknown torch: be safe
-        return True
-    return transforms() or modes() > 0
+    if transforms is None or modes is None or transforms() or modes() > 0:
+        return "op"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
+        return "function"
+    return "backend"
 
 
 def attention(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
     """``(o, lse)`` from backend ``backend`` (validated arguments, as :func:`flashlib.attention` passes
-    them): through :data:`attention_op` where :func:`op_needed` says so, else the backend directly.
+    them) the way :func:`path` chooses: the custom op, the autograd Function, or the backend directly.
 
     Explained in: notebooks/07_triton.
     Tested in: tests/test_ops.py.
     """
+    way = path(q, k, v)
     args = (q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)
-    if op_needed(q, k, v):
+    if way == "op":
         return attention_op(*args)
+    if way == "function":
+        return _Attention.apply(*args)
     return _fwd_impl(*args)
 
 
 def decode(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend):
     """``(o, lse)`` of backend ``backend``'s decode (validated arguments, as :func:`flashlib.decode`
-    passes them): through :data:`decode_op` where :func:`op_needed` says so, else the backend directly
-    (decode has no autograd: :func:`flashlib.decode` refuses inputs that need a gradient).
+    passes them; ``cache_seqlens`` may be None): through :data:`decode_op` where :func:`path` says
+    "op", else the backend directly (decode has no autograd: "function" cannot arise, as
+    :func:`flashlib.decode` refuses inputs that need a gradient).
 
     Explained in: notebooks/07_triton.
     Tested in: tests/test_ops.py.
     """
     args = (q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend)
-    if op_needed(q, k_cache, v_cache, cache_seqlens):
+    if path(q, k_cache, v_cache, cache_seqlens) == "op":
         return decode_op(*args)
     return _decode_impl(*args)

@@ -4,8 +4,11 @@ graph break.
 
 On conftest's DEVICE: the op runs the compiled Triton kernels on a GPU machine, the reference on a CPU.
 """
+import contextlib
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashlib
 from api_cases import make_qkv, run_python
@@ -24,11 +27,18 @@ class Block(torch.nn.Module):
         return flashlib.attention(q, k, v, causal=True).transpose(1, 2).reshape(b, n, c)
 
 
+def _ops_called(graph_module) -> list:
+    """The targets of a traced graph's calls into flashlib's custom ops."""
+    return [str(n.target) for n in graph_module.graph.nodes
+            if n.op == "call_function" and str(n.target).startswith("flashlib.")]
+
+
 def test_dynamo_explain_finds_no_graph_break():
     m, x = Block().to(DEVICE), torch.randn(2, 7, 16, device=DEVICE)
     explain = torch._dynamo.explain(m)(x)
     assert explain.graph_break_count == 0, explain.break_reasons
     assert explain.graph_count == 1
+    assert _ops_called(explain.graphs[0]) == ["flashlib.attention_fwd.default"]
 
 
 def test_compiled_module_matches_eager_forward_and_backward():
@@ -110,54 +120,96 @@ def test_reference_first_then_triton_on_cpu_in_one_process():
     assert "SAME True" in r.stdout
 
 
-def test_the_op_is_skipped_only_where_nothing_needs_it():
-    """Plain eager inference calls the backend directly (the op's dispatch is pure host overhead);
-    autograd, a dispatch mode (FakeTensorMode, FlopCounterMode) or a torch.func transform keep the op."""
+class _Sub(torch.Tensor):
+    """A tensor subclass that changes nothing: only its type differs from torch.Tensor."""
+
+
+def test_path_is_the_op_only_where_compile_modes_subclasses_or_transforms_need_it():
+    """_ops.path: "backend" for eager inference, "function" when only autograd needs a backward, "op"
+    under a dispatch mode (FakeTensorMode, FlopCounterMode), for a tensor subclass and inside a
+    torch.func transform (torch.compile: see the next test)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
     from flashlib import _ops
     q, k, v = make_qkv(H=2, HKV=1, NQ=5, NK=7, D=8, dtype=torch.float32)
+    qg = q.clone().requires_grad_()
     with torch.no_grad():
-        assert not _ops.op_needed(q, k, v)
-    assert not _ops.op_needed(q, k, v)                             # grad enabled, nothing requires it
-    assert _ops.op_needed(q.clone().requires_grad_(), k, v)
+        assert _ops.path(qg, k, v) == "backend"
+    assert _ops.path(q, k, v) == "backend"                         # grad enabled, nothing requires it
+    assert _ops.path(q, k, v, None) == "backend"                   # decode's cache_seqlens=None
+    assert _ops.path(qg, k, v) == _ops.path(q, k, v.clone().requires_grad_()) == "function"
     with FlopCounterMode(display=False):
-        assert _ops.op_needed(q, k, v)
+        assert _ops.path(q, k, v) == _ops.path(qg, k, v) == "op"
     with FakeTensorMode() as mode:
         fq, fk, fv = (mode.from_tensor(x) for x in (q, k, v))
-        assert _ops.op_needed(fq, fk, fv)
+        assert _ops.path(fq, fk, fv) == "op"
         o = flashlib.attention(fq, fk, fv, backend="reference")   # the op's fake: shapes, no kernel
         assert o.shape == q.shape
+    assert _ops.path(q.as_subclass(_Sub), k, v) == _ops.path(q, k, v, k.as_subclass(_Sub)) == "op"
     seen = []
-    torch.func.grad(lambda x: seen.append(_ops.op_needed(x, k, v)) or x.sum())(q)
-    assert seen == [True]
+    torch.func.grad(lambda x: seen.append(_ops.path(x, k, v)) or x.sum())(q)
+    assert seen == ["op"]
 
 
-def test_direct_and_op_paths_give_the_same_result_and_call_the_backend_once():
-    ref, calls = BACKENDS["reference"], []
+@pytest.fixture
+def ways(monkeypatch):
+    """Which way each flashlib.attention call went: "op", "function" or "backend" (a spy on each)."""
+    from flashlib import _ops
+    taken = []
 
-    def forward(*args, **kwargs):
-        calls.append(kwargs["blocks"])
-        return ref.forward(*args, **kwargs)
+    def spy(name, fn):
+        return lambda *args: taken.append(name) or fn(*args)
+    monkeypatch.setattr(_ops, "attention_op", spy("op", _ops.attention_op))
+    monkeypatch.setattr(_ops._Attention, "apply", spy("function", _ops._Attention.apply))
+    monkeypatch.setattr(_ops, "_fwd_impl", spy("backend", _ops._fwd_impl))
+    return taken
 
-    q, k, v = make_qkv(H=4, HKV=2, NQ=9, NK=6, D=8, dtype=torch.float64)
-    with registered(Backend("counted", forward, ref.backward, ref.decode, ref.check)):
-        with torch.no_grad():
-            direct = flashlib.attention(q, k, v, causal=True, backend="counted", block_k=4)
-        through_op = flashlib.attention(*(x.clone().requires_grad_() for x in (q, k, v)), causal=True,
-                                        backend="counted", block_k=4)
-    assert calls == [(None, 4), (None, 4)]
-    torch.testing.assert_close(direct, through_op.detach(), rtol=0, atol=0)
+
+def test_each_call_takes_the_way_path_documents(ways):
+    """The spies see one way per call, and the compiled graph holds the op (one of it, no break)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    q, k, v = make_qkv(H=2, HKV=1, NQ=5, NK=7, D=8, dtype=torch.float32)
+    qg = q.clone().requires_grad_()
+    with torch.no_grad():
+        flashlib.attention(qg, k, v, backend="reference")
+    flashlib.attention(qg, k, v, backend="reference")
+    with FlopCounterMode(display=False):
+        flashlib.attention(qg, k, v, backend="reference")
+    # the function and the op call the backend through _fwd_impl themselves: "backend" follows them
+    assert ways == ["backend", "function", "backend", "op", "backend"]
+    torch._dynamo.reset()
+    explain = torch._dynamo.explain(lambda q, k, v: flashlib.attention(q, k, v, backend="reference"))(qg, k, v)
+    assert explain.graph_count == 1 and explain.graph_break_count == 0, explain.break_reasons
+    assert _ops_called(explain.graphs[0]) == ["flashlib.attention_fwd.default"]
+
+
+class _PassThrough(TorchDispatchMode):
+    """A dispatch mode that changes nothing, so that calls inside it take the op (path = "op")."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_function_and_the_op_give_bit_identical_gradients(backend, dtype, ways):
+    """Causal, GQA, Nq > Nk: the first Nq - Nk = 3 query rows see no key (o = 0, gradients 0, no NaN)."""
+    q, k, v = make_qkv(B=1, H=4, HKV=2, NQ=9, NK=6, D=16, dtype=dtype, seed=7, device=DEVICE)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(8)).to(q)
+    results = []
+    for context in (contextlib.nullcontext, _PassThrough):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        with context():
+            o = flashlib.attention(*leaves, causal=True, backend=backend)
+            results.append((o, *torch.autograd.grad(o, leaves, do)))
+    assert ways == ["function", "backend", "op", "backend"]
+    for by_function, by_op in zip(*results):
+        assert torch.equal(by_function, by_op) and not by_function.isnan().any()
+    assert (results[0][0][:, :, :3] == 0).all() and (results[0][1][:, :, :3] == 0).all()    # o, dq
 
 
 # ------------------------------------------------------------------- decode: one op for torch.compile
-
-def _ops_called(graph_module) -> list:
-    """The targets of a traced graph's calls into flashlib's custom ops."""
-    return [str(n.target) for n in graph_module.graph.nodes
-            if n.op == "call_function" and str(n.target).startswith("flashlib.")]
-
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_decode_compiles_to_one_op_without_graph_break_and_matches_eager(backend):
