@@ -12,8 +12,14 @@ kernel takes the path v3 takes (``fa2_fwd_v3_mma.cu``): it loads A (16 x 16) wit
 Nothing in Python knows the PTX ISA's tables: the answer is whatever the emulator's ``ldmatrix`` and
 ``mma`` do, which the tests compare with the ISA's formulas written out independently.
 
+:func:`smem_traffic` counts what those fragments cost: the shared-memory bytes one warp moves per key tile
+in v2 (WMMA, S, P and O staged through shared memory) and v3 (fragments by ``ldmatrix``, S, P and O in
+registers) — chapter 8's memory-traffic table. The tests check it against the kernels as the emulator runs
+them: v3's ``ldmatrix`` bytes from the emulator's counters, v2's from a copy of the kernel whose shared-memory
+accesses are tallied.
+
 Explained in: notebooks/08_cuda.
-Tested in: tests/kernels/cuda/test_cuda_fragments.py.
+Tested in: tests/kernels/cuda/test_cuda_fragments.py, tests/kernels/cuda/test_cuda_counts.py.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ import numpy as np
 
 from . import launch
 
-__all__ = ["PROBE_SOURCE", "mma_layout"]
+__all__ = ["PROBE_SOURCE", "mma_layout", "smem_traffic"]
 
 PROBE_SOURCE = r"""
 // fragment_probe.cu — one warp: where each element of A, B and C/D of mma.sync.m16n8k16 lives.
@@ -102,3 +108,42 @@ def mma_layout() -> dict:
     Tested in: tests/kernels/cuda/test_cuda_fragments.py.
     """
     return {name: table.copy() for name, table in _layout().items()}
+
+
+def smem_traffic(version: str, d: int) -> tuple[int, int, dict]:
+    """Shared-memory bytes one warp (16 query rows) reads and writes for one key tile, by what they carry.
+
+    Returns ``(BR, BC, parts)``: the version's rows per block and keys per tile at head dim ``d``, and
+    ``parts = {"Q", "K+V", "S", "P", "O"}`` in bytes, read off the kernels' loops (d16 = d rounded up to
+    16; D = v3's head-dim bucket):
+
+    * v2 (``fa2_fwd_v2_wmma.cu``): Q's A fragments, reloaded for every 16 keys of S
+      (BC/16 x 16 x d16 x 2); the K_j and V_j fragments (2 x BC x d16 x 2); S stored in fp32 and read
+      back by its row's lanes (2 x 16 x BC x 4); P written in 16 bits and loaded as the A fragment for
+      every 16 columns of O (16 x BC x 2 + d16/16 x 16 x BC x 2); O rescaled (read and write), loaded
+      and stored around its mma (4 x 16 x d16 x 4).
+    * v3 (``fa2_fwd_v3_mma.cu``): Q's A fragments by ``ldmatrix`` once per tile (16 x D x 2), K_j and
+      V_j by ``ldmatrix`` (2 x BC x D x 2); S, P and O never leave registers (0).
+
+    Not counted: the copies of Q, K and V from global into shared memory (one per tile per block, not
+    per warp) and the once-per-block work (zeroing O, staging the output).
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_counts.py.
+    """
+    if version not in ("v2", "v3"):
+        raise ValueError(f"version must be 'v2' or 'v3' (the tensor-core kernels), got {version!r}")
+    if isinstance(d, bool) or not isinstance(d, int):
+        raise TypeError(f"d must be an int head dim, got {type(d).__name__}")
+    if not 1 <= d <= 256:
+        raise ValueError(f"d must be a head dim in 1..256 (v2 and v3 support d <= 256), got {d}")
+    if version == "v2":
+        br, _ = launch.v2_tile(d)
+        bc, d16 = launch.V2_BC, -(-d // 16) * 16
+        return br, bc, {"Q": bc // 16 * 16 * d16 * 2,
+                        "K+V": 2 * bc * d16 * 2,
+                        "S": 2 * 16 * bc * 4,
+                        "P": 16 * bc * 2 + d16 // 16 * 16 * bc * 2,
+                        "O": 4 * 16 * d16 * 4}
+    dim, br, bc, _ = launch.v3_tile(d)
+    return br, bc, {"Q": 16 * dim * 2, "K+V": 2 * bc * dim * 2, "S": 0, "P": 0, "O": 0}

@@ -18,6 +18,8 @@
 //   combine blockIdx.x = (b * H + h) * nq + qi — the output row itself.
 // Run: flashlib.kernels.cuda.decode(q, k_cache, v_cache, cache_seqlens=..., num_splits=...); on a CPU it runs
 //   in the emulator.
+// Explained in: notebooks/08_cuda (the algorithm: notebooks/06_flash_decoding).
+// Tested in: tests/kernels/cuda/test_cuda_kernels.py.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 

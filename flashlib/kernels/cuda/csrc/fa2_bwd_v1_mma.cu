@@ -29,6 +29,8 @@
 //   ceil(nq / 64) * H * B blocks, indexed as the forward. Kernels fa2_bwd_v1_<delta|dkdv|dq>_<f16|bf16>[_d<D>].
 // Run: flashlib.kernels.cuda.backward(q, k, v, o, lse, do) (CPU tensors: the emulator), or the gradient of
 //   flashlib.attention(..., backend="cuda") with fp16/bf16 tensors.
+// Explained in: notebooks/08_cuda.
+// Tested in: tests/kernels/cuda/test_cuda_bwd.py, tests/kernels/cuda/test_cuda_counts.py (skipped causal tiles).
 #define FA2V3_NO_ENTRY_POINTS
 #include "fa2_fwd_v3_mma.cu"
 

@@ -16,6 +16,8 @@
 //   ptxas 13.0 cap v1 at 72 (sm_75/80) or 64 (sm_86+) registers and spill; at d >= 64 the 33-41 KB of
 //   shared memory per block already limit an SM to a few blocks, so asking for 1 costs no occupancy.
 // Run: flashlib.kernels.cuda.forward(q, k, v, version="v1") (fp32 picks v1); on a CPU it runs in the emulator.
+// Explained in: notebooks/08_cuda.
+// Tested in: tests/kernels/cuda/test_cuda_kernels.py, tests/kernels/cuda/test_cuda_emulator.py (the planted race).
 
 constexpr int V1_BC = 16;   // keys per K/V tile = scores each thread holds in registers
 

@@ -17,7 +17,10 @@
 //   per block only 1-4 blocks fit on an SM anyway, so asking for 1 costs no occupancy.
 // Launch: a 1-D grid of ceil(nq / BR) * H * B blocks, blockIdx.x = (b * H + h) * tiles + tile, as v1
 //   (any B * H that fits in memory; gridDim.y/z, which held h and b before this fix, stop at 65,535).
-// Run: flashlib.kernels.cuda.forward(q, k, v) with fp16/bf16 tensors (picks v2); on a CPU it runs in the emulator.
+// Run: flashlib.kernels.cuda.forward(q, k, v, version="v2") with fp16/bf16 tensors (forward picks v2 by itself only
+//   on a GPU before sm_75, where v3 cannot run); on a CPU it runs in the emulator.
+// Explained in: notebooks/08_cuda.
+// Tested in: tests/kernels/cuda/test_cuda_kernels.py.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <mma.h>

@@ -40,6 +40,8 @@
 //   on a CPU it runs in flashlib's emulator, whose ptx:: wrappers follow the ISA's lane tables exactly.
 //   FA2V3_SM80 picks the path: 1 (the default on sm_80+ and in the emulator) mma.m16n8k16 + cp.async,
 //   0 (the default on sm_75) m16n8k8 + plain loads; define it to 0 to run the sm_75 path in the emulator.
+// Explained in: notebooks/08_cuda.
+// Tested in: tests/kernels/cuda/test_cuda_v3.py, tests/kernels/cuda/test_cuda_counts.py (skipped causal tiles).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "ptx.h"
