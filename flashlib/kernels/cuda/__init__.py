@@ -323,12 +323,13 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal
 
 def compile_configs():
     """The (version, LaunchSpec) pairs the compile report covers: each forward kernel at d = 64, 128 and
-    256, the backward ("bwd": delta, dK/dV, dQ) at d = 64 and 128, decode at d = 128.
+    256, v3 also at d = 32 (its smallest head-dim bucket), the backward ("bwd": delta, dK/dV, dQ) at
+    d = 64 and 128, decode at d = 128.
 
     Explained in: notebooks/08_cuda.
     Tested in: tests/kernels/cuda/test_cuda_compile.py.
     """
-    out = []
+    out = [("v3", s) for dt in ("f16", "bf16") for s in launch.v3_launch(1, 1, 1, 128, 128, 32, 1.0, True, dt)]
     for d in (64, 128, 256):
         out += [("v1", s) for s in launch.v1_launch(1, 1, 1, 128, 128, d, 1.0, True)]
         for dt in ("f16", "bf16"):

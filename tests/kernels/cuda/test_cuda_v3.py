@@ -288,7 +288,7 @@ def test_compile_rows_v3(rows, arch):
     mine = [r for r in rows if r["arch"] == arch]
     dtypes = {"f16"} if arch == "sm_75" else {"f16", "bf16"}          # no bf16 mma before sm_80
     assert {r["kernel"].split("_")[3] for r in mine} == dtypes
-    assert {r["config"].split(" D=")[1].split()[0] for r in mine} == {"64", "128", "256"}
+    assert {r["config"].split(" D=")[1].split()[0] for r in mine} == {"32", "64", "128", "256"}
     for r in mine:
         assert r["ok"] and r["spill_bytes"] == 0, r
         assert 0 < r["registers"] <= 255 and r["registers"] * 32 * launch.V3_WARPS <= 65536, r   # one block fits
