@@ -2,6 +2,7 @@
 import pytest
 
 import flashlib
+from conftest import require_module
 
 
 def test_show_returns_the_library_source():
@@ -13,6 +14,7 @@ def test_show_returns_the_library_source():
 
 
 def test_crisp_figures_sets_the_inline_format_in_ipython_only(monkeypatch):
+    require_module("IPython")
     import IPython
 
     class Shell:

@@ -17,7 +17,9 @@ import re
 import pytest
 
 import flashlib
-from conftest import ROOT
+from conftest import ROOT, need_module
+
+need_module("matplotlib")  # every public module is imported below, flashlib.figures among them
 
 _EXPLAINED = re.compile(r"Explained in:(.*?)(?:\n\s*\n|Tested in:|$)", re.S)
 _TESTED = re.compile(r"Tested in:(.*?)(?:\n\s*\n|Explained in:|$)", re.S)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import flashlib
-from conftest import DEVICE, ROOT, run_cli
+from conftest import DEVICE, ROOT, require_module, run_cli
 from flashlib.tools import bench
 from flashlib.__main__ import COMMANDS, build_parser, main as cli_main
 from flashlib.tools.measure import best_time
@@ -63,6 +63,8 @@ def test_naive_and_sdpa_agree_with_bottom_right_causal():
 def test_run_and_plot_plumbing(tmp_path):
     """The whole pipeline at toy sizes on DEVICE (interpreted kernels on a CPU, compiled on a GPU) with a
     wall-clock timer. These numbers are never shown: by default run() uses triton.testing.do_bench."""
+    require_module("tqdm")  # bench.run's progress bar
+    require_module("matplotlib")  # bench.plot
     res = bench.run((16, 24), batch=1, heads=2, kv_heads=1, head_dim=16, dtype="float32", device=DEVICE,
                     timer=lambda fn: best_time(fn, repeat=1) * 1e3, progress=False)
     impls = ["flashlib", "flashlib-tma", "flashlib-cuda", *bench.SDPA_BACKENDS, "naive"]
@@ -172,6 +174,7 @@ def test_the_tma_row_times_the_tma_kernels_and_the_flashlib_row_versions_1_and_2
     is shown to be the TMA forward's alone and its backward time the TMA dK/dV's (in version 2's
     backward), row "flashlib"'s version 1's and version 2's with its own dK/dV, whatever the reader's
     own FLASHLIB_TRITON_FWD and FLASHLIB_TRITON_BWD, which are as they were afterwards."""
+    require_module("tqdm")  # bench.run's progress bar
     for variable, value in zip(VARIABLES, outside or (None, None)):
         if value is None:
             monkeypatch.delenv(variable, raising=False)
@@ -208,6 +211,7 @@ def test_the_tma_row_times_the_tma_kernels_and_the_flashlib_row_versions_1_and_2
 def test_the_tma_row_records_the_refusal_instead_of_timing_versions_1_and_2(monkeypatch, dtype, head_dim, reason):
     """Where the TMA kernels do not take the tensors, the tma row has no time, with the reason, and
     versions 1 and 2 (which FLASHLIB_TRITON_FWD/BWD=tma would run instead) never run under its name."""
+    require_module("tqdm")  # bench.run's progress bar
     calls = _spy_on_kernels(monkeypatch)
     res = bench.run([16], batch=1, heads=2, head_dim=head_dim, dtype=dtype, device=DEVICE, cuda=False,
                     timer=lambda fn: (fn(), 1.0)[1], progress=False)
@@ -256,6 +260,7 @@ def test_triton_kernels_sets_both_variables_and_restores_them_also_when_the_body
 def test_run_restores_the_variables_when_a_tma_kernel_raises(monkeypatch, broken):
     """A failure inside the tma row's timed forward or backward propagates (it is not a refusal) and
     leaves the reader's FLASHLIB_TRITON_FWD and FLASHLIB_TRITON_BWD as they were."""
+    require_module("tqdm")  # bench.run's progress bar
     from flashlib.kernels.triton import fa2_bwd_tma, fa2_fwd_tma
     monkeypatch.delenv("FLASHLIB_TRITON_FWD", raising=False)
     monkeypatch.setenv("FLASHLIB_TRITON_BWD", "v2")
@@ -276,6 +281,7 @@ def test_run_restores_the_variables_when_a_tma_kernel_raises(monkeypatch, broken
 def test_a_flashlib_tma_row_loads_and_gets_its_own_ratios_table_and_dash_dot_lines(tmp_path):
     """A file with the tma row keeps schema 1 (load accepts any impl name; files without it still load);
     its ratios have a forward and a backward, the table says why decode is missing, the plot draws both."""
+    require_module("matplotlib")  # bench.plot
     results = synthetic_results(ns=(256,))
     results["rows"].insert(1, {"n": 256, "impl": "flashlib-tma", "fwd_ms": 1.5, "bwd_ms": 2.5, "decode_ms": None,
                                "why": {"decode_ms": bench.TMA_NO_DECODE}})
@@ -341,6 +347,7 @@ def test_commands_are_a_registry():
 
 
 def test_run_refuses_bad_arguments_before_timing():
+    require_module("tqdm")  # bench.run's progress bar
     for kwargs, field in ((dict(dtype="float8"), "config.dtype"), (dict(heads=6, kv_heads=4), "config.kv_heads"),
                           (dict(ns=[]), "config.ns"), (dict(head_dim=0), "config.head_dim")):
         with pytest.raises(ValueError, match=rf"run: {re.escape(field)} must be"):
@@ -456,6 +463,7 @@ def test_format_results_shows_ratios_and_why_times_are_missing(tmp_path):
 def test_a_flashlib_cuda_row_gets_its_own_ratios_table_and_dashed_lines(tmp_path):
     """Files from before the CUDA row existed still load (above); one with it shows both of flashlib's
     rows against SDPA, the CUDA one with no backward time and the reason."""
+    require_module("matplotlib")  # bench.plot
     results = synthetic_results(ns=(256,))
     results["rows"].insert(1, {"n": 256, "impl": "flashlib-cuda", "fwd_ms": 4.0, "bwd_ms": None,
                                "decode_ms": 1.0, "why": {"bwd_ms": bench.CUDA_NO_BACKWARD}})
@@ -473,6 +481,7 @@ def test_a_flashlib_cuda_row_gets_its_own_ratios_table_and_dashed_lines(tmp_path
 
 
 def test_plot_file_draws_a_labelled_figure_of_a_synthetic_file(tmp_path):
+    require_module("matplotlib")  # bench.plot
     path = bench.save(synthetic_results(), tmp_path / "synthetic.json")
     out = tmp_path / "synthetic.png"
     fig = bench.plot_file(path, out)
