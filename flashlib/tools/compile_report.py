@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -75,6 +76,10 @@ def _check_archs(archs) -> tuple[str, ...]:
 # BLOCK_N come from each kernel's config.
 REPORT_CONSTEXPRS = dict(CAUSAL=True, BLOCK_D=REPORT_HEAD_DIM, UPCAST=False, PRECISION="ieee", BLOCK_S=16,
                          WARP_SPECIALIZE=False)
+# The decode split kernel stacks a kv head's query rows (group · Nq of them) into one program, with
+# split_block_m's rows: its config's block_m is only a cap. The report compiles it as it runs when a model
+# generates one token with 4 query heads per kv head (Llama's 32/8): 16 rows, not the cap.
+REPORT_DECODE_ROWS = (4, 1)                        # (group, Nq)
 # TMA copies in the SASS (sm_90+): tensor loads (UTMALDG) and stores (UTMASTG) issued through a descriptor.
 TMA_RE = re.compile(r"\bUTMA(LDG|STG)\b")
 
@@ -97,9 +102,12 @@ def _triton_jobs(arch: str) -> list[tuple]:
 
     Runs in the compiling child process (Triton in compile mode)."""
     from ..kernels.triton import configs
+    from ..kernels.triton import decode
     jobs = []
     for s in triton_specs():
         cfg = s.fixed if s.config is None else configs.arch_config(s, arch, REPORT_HEAD_DIM, 2)
+        if s is decode.SPLIT_SPEC:                   # the rows it really runs with (REPORT_DECODE_ROWS)
+            cfg = dataclasses.replace(cfg, block_m=decode.split_block_m(cfg.block_m, *REPORT_DECODE_ROWS))
         values = {**REPORT_CONSTEXPRS, **s.block_constexprs(cfg)}
         missing = [n for n in s.constexprs if n not in values]
         if missing:

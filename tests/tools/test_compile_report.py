@@ -6,6 +6,8 @@ rows are cached on disk by source hash, so later runs and the notebook read them
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from conftest import require_module, require_pinned_triton, require_tool
 
@@ -143,7 +145,11 @@ def test_the_report_compiles_each_triton_kernel_as_its_spec_says(arch):
     for s, signature, constexprs, cfg in jobs:
         assert tuple(signature) == s.arg_names and tuple(constexprs) == s.constexprs
         assert all(signature[n] == "constexpr" for n in s.constexprs)
-        assert cfg == (s.fixed if s.config is None else configs.arch_config(s, arch, fi.REPORT_HEAD_DIM, 2))
+        want = s.fixed if s.config is None else configs.arch_config(s, arch, fi.REPORT_HEAD_DIM, 2)
+        if s.name == "decode_split":          # as a one-token GQA-4 step runs: 16 rows, the table's cap above
+            assert fi.REPORT_DECODE_ROWS == (4, 1) and cfg.block_m == 16 <= want.block_m
+            want = dataclasses.replace(want, block_m=16)
+        assert cfg == want
         assert all(constexprs[n] == v for n, v in s.block_constexprs(cfg).items())
         label = fi._config_label(s, constexprs, cfg)
         assert f"w{cfg.num_warps}" in label and label.endswith(" causal") == ("CAUSAL" in s.constexprs)
