@@ -9,7 +9,8 @@ size (N ~ 1000, d = 128: large enough to use the real kernel configs) run twice 
 bit: the class of bug a real H100 found in a kernel that passed every CPU test. It prints a table: the
 first thing a Colab reader runs. ``check`` never crashes: every row ends as pass, FAIL (a wrong
 result), error (an exception, with its reason) or skipped (the backend cannot run on this device, and
-why); the exit status is 0 only if every row that ran passed.
+why); the exit status is 0 only if every row that ran passed, and at least one ran (a check where every
+backend was skipped proved nothing, and says so).
 
 Explained in: notebooks/09_models.
 """
@@ -288,9 +289,18 @@ def check(backends=None, on_row=None) -> list[dict]:
     return rows
 
 
+NOTHING_RAN = ("nothing ran: every backend was skipped on this device (the notes say why), so nothing was "
+               "checked; exit status 1")
+
+
 def exit_code(rows) -> int:
-    """0 if every row that ran passed (skipped rows did not run), else 1."""
-    return 0 if all(r["status"] in ("pass", "skipped") for r in rows) else 1
+    """0 if every row that ran passed and at least one ran (skipped rows did not run), else 1: an
+    all-skipped check proved nothing, and must not read as a pass to a script or ``make test-gpu``.
+
+    Tested in: tests/tools/test_selfcheck.py.
+    """
+    ran = [r for r in rows if r["status"] != "skipped"]
+    return 0 if ran and all(r["status"] == "pass" for r in ran) else 1
 
 
 def _case_name(case) -> str:
@@ -317,4 +327,6 @@ def format_check(rows, *, head: bool = True) -> str:
     counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "FAIL", "error", "skipped")}
     lines.append(f"{counts['pass']} passed, {counts['FAIL']} failed, {counts['error']} errors, "
                  f"{counts['skipped']} skipped (cannot run on this device)")
+    if counts["skipped"] == len(rows):
+        lines.append(NOTHING_RAN)
     return "\n".join(lines)

@@ -98,6 +98,27 @@ def test_skipped_rows_do_not_fail_the_exit_status():
     assert selfcheck.exit_code(rows + [{"status": "error"}]) == 1
 
 
+def test_a_check_that_ran_nothing_exits_non_zero_and_says_so(monkeypatch, capsys):
+    """Every backend skipped (none can run on this device): nothing was checked, so the command fails,
+    saying why, instead of exiting 0 as it did."""
+    assert selfcheck.exit_code([{"status": "skipped"}, {"status": "skipped"}]) == 1
+    assert selfcheck.exit_code([]) == 1
+    from flashlib import backends
+    from flashlib.__main__ import main
+
+    def refuse(*a, **k):
+        raise RuntimeError("no device for this backend here")
+    real = backends.BACKENDS["reference"]
+    monkeypatch.setitem(backends.BACKENDS, "refuses",
+                        backends.Backend("refuses", real.forward, real.backward, real.decode, refuse))
+    assert main(["check", "--backend", "refuses"]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "no device for this backend here" in "\n".join(out)          # each skipped row says why
+    assert out[-2].startswith("0 passed, 0 failed, 0 errors, ") and out[-1] == selfcheck.NOTHING_RAN
+    assert "nothing ran" not in selfcheck.format_check([{"status": "pass", "backend": "r", "dtype": "f",
+                                                         "case": "c", "note": "", "seconds": 0.0}])
+
+
 def test_determinism_row_catches_a_backward_that_changes_between_calls(monkeypatch):
     """The realistic-size row (run on a GPU) compares two backward calls bit for bit; here a small case
     on the reference backend, once honest and once with noise added on every call."""
