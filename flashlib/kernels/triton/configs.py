@@ -62,15 +62,33 @@ KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "decode")
 # The class is exactly: num_stages >= 2 and block_m < 64 <= block_n. On Hopper, Triton runs a tl.dot
 # whose M (rows of the result) is 64 or more on the asynchronous warp-group MMA (wgmma), and smaller
 # ones on the synchronous mma.sync. In this kernel S = Q K^T and dP = dO V^T have M = block_m while
-# dV += P^T dO and dK += dS^T Q have M = block_n: the bad class is the one that mixes the two, with
-# the loop software-pipelined. dK's product is the last of the iteration, reads Q from a pipelined
-# shared-memory buffer, and is still in flight when the next iteration's copy lands in that buffer
-# (loading Q a second time for dK did not help: M16-N64-w4-s2 stayed wrong). Triton fixed
-# bugs of this family before (wgmma operands that were not multi-buffered: triton-lang/triton
-# pull requests 3106 and 8554); we found no report of this exact case. compute-sanitizer saw nothing
-# on small shapes. So flashlib never picks such a config on any architecture (we could only test an
-# H100): the tables below hold only configs shown right, and :func:`safe` turns a caller's config in
-# the bad class into its un-pipelined twin (num_stages = 1), which was right.
+# dV += P^T dO and dK += dS^T Q have M = block_n: in the bad class Q (and dO) each feed one mma.sync and
+# one wgmma, and Triton's pipeliner gives such a load a single shared-memory buffer. The TTGIR of this
+# kernel for sm_90 at M16-N64-w4-s2 (triton 3.6 and 3.9, cross-compiled on a CPU) shows it: Q sits in a
+# 1x16x128 buffer; dK's wgmma, the last product of the iteration, reads Q there and is left in flight
+# (warp_group_dot_wait pendings = 1); then the cp.async of the next Q tile writes into that same buffer.
+# dV's wgmma has retired by then (wgmma groups retire in order), so only dK is hit. With block_m >= 64
+# every product is a wgmma and Q, dO get two buffers (M64-N64-w4-s2, same check); with block_n < 64 the
+# accumulations are mma.sync, nothing is in flight; with one stage nothing is copied ahead. (Loading Q a
+# second time for dK did not help: M16-N64-w4-s2 stayed wrong.) This mechanism is triton-lang/triton
+# issue 6691 and pull request 7110 ("Fix pipelining of mixed WGMMA and non-WGMMA usage": a load with a
+# wgmma user and another user gets one buffer where two are needed), a fix that was not merged when we
+# looked. Pull request 8554 ("Fix wgmma pipelined operand underallocation", merged) fixed a neighbour, a
+# load used by two wgmma ops: here the block_m >= 64 case, which 3.6 and 3.9 both double-buffer (whether
+# 8554 itself is in those releases we could not check against triton's tags). Earlier fixes of the
+# family: pull request 3106. compute-sanitizer saw nothing on small shapes. So flashlib never picks such
+# a config on any architecture: the tables below avoid the class, and :func:`safe` turns a caller's
+# config in it into its un-pipelined twin (num_stages = 1), which was right.
+#
+# Only sm_90 was measured. The sm_75 and sm_80-sm_89 tables (SM75, CANDIDATES) were not run on those
+# GPUs. sm_80-sm_89 use the H100's own forward, dQ and decode candidates, and for dK/dV M32-N32-w4-s2
+# (right on the H100, above) and M16-N32-w4-s1 (the H100 table's last fallback, not in that sweep);
+# sm_75's small tiles come from the compile report alone (no spills). None of these GPUs has wgmma, so
+# the mechanism above cannot occur there; other faults could. The GPU tier's
+# test_every_backward_candidate_of_this_gpu_is_right_and_deterministic (tests/gpu/test_triton_gpu.py)
+# forces each dK/dV and dQ candidate of the running GPU's own table (d = 128, fp16, N ~ 1000), twice,
+# bit for bit and against the oracle: run on an A100, L4 or T4 it checks these backward tables there.
+# The forward table's fallbacks are forced only through the TMA forward; decode's not one by one.
 
 # Candidates from the largest tile down. For bwd_dkdv, block_n is the key block a program owns and
 # block_m the query step; for bwd_dq the reverse, as in the forward. For decode, block_m caps the
