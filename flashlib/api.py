@@ -138,9 +138,10 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
         q: ``(B, H, Nq, d)``, Nq small (1 when generating token by token). float16, bfloat16,
             float32 (float64: "reference" only).
         k_cache, v_cache: ``(B, Hkv, Nmax, d)``, same dtype and device as q; ``H % Hkv == 0`` (GQA).
-        cache_seqlens: None (every sequence uses all Nmax entries) or an integer tensor ``(B,)``
-            (int32 or int64, on q's device) of valid lengths ``0 <= cache_seqlens[b] <= Nmax``:
-            sequence b attends to ``k_cache[b, :, :cache_seqlens[b]]`` (ragged batches). Every query
+        cache_seqlens: None (every sequence uses all Nmax entries; no lengths tensor is made) or
+            an integer tensor ``(B,)`` (int32 or int64, on q's device) of valid lengths
+            ``0 <= cache_seqlens[b] <= Nmax``: sequence b attends to ``k_cache[b, :, :cache_seqlens[b]]``
+            (ragged batches). Every query
             sees every valid key (append the new tokens to the cache first). A sequence of length 0
             outputs 0 with ``lse = -inf``. On a GPU the lengths are never read back by the host (that
             would make every decode step wait for the GPU, and forbid CUDA-graph capture): the kernels
@@ -165,11 +166,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
     """
     import torch
     check_tensors(q, k_cache, v_cache, k_name="k_cache", v_name="v_cache")
-    B, nmax = q.shape[0], k_cache.shape[2]
-    if cache_seqlens is None:
-        cache_seqlens = torch.full((B,), nmax, dtype=torch.int32, device=q.device)
-    else:
-        cache_seqlens = check_cache_seqlens(cache_seqlens, q, nmax)
+    if cache_seqlens is not None:                     # None travels down: no lengths tensor to fill
+        cache_seqlens = check_cache_seqlens(cache_seqlens, q, k_cache.shape[2])
     num_splits = default_num_splits(q, k_cache) if num_splits is None else check_num_splits(num_splits)
     return_lse = check_flag(return_lse, "return_lse")
     scale = check_scale(scale, q.shape[-1])

@@ -10,7 +10,7 @@ import torch
 
 import flashlib
 from api_cases import make_qkv
-from conftest import DEVICE
+from conftest import DEVICE, require_tool
 from flashlib import api
 
 
@@ -42,6 +42,49 @@ def test_decode_without_seqlens_uses_the_whole_cache():
     q, kc, vc = make_qkv(B=2, NQ=2, NK=30, dtype=torch.float32, seed=3)
     assert torch.allclose(flashlib.decode(q, kc, vc, backend="reference"),
                           flashlib.attention(q, kc, vc, backend="reference"), atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton", "cuda"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_without_seqlens_is_decode_with_every_length_at_nmax(backend, num_splits):
+    """cache_seqlens=None travels down to the backend (no lengths tensor is filled): the Triton kernel
+    is compiled without lengths, "reference" and "cuda" (its CPU emulator) make their own; the result
+    is bit for bit that of explicit lengths Nmax."""
+    if backend == "cuda":
+        require_tool("g++")                                        # the CUDA emulator
+    device = "cpu" if backend == "cuda" else DEVICE
+    q, kc, vc = make_qkv(B=2, H=4, HKV=2, NQ=2, NK=45, D=16, dtype=torch.float32, seed=9, device=device)
+    full = torch.full((2,), 45, dtype=torch.int32, device=device)
+    without = flashlib.decode(q, kc, vc, num_splits=num_splits, return_lse=True, backend=backend)
+    given = flashlib.decode(q, kc, vc, cache_seqlens=full, num_splits=num_splits, return_lse=True,
+                            backend=backend)
+    for a, b in zip(without, given):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(without[0], flashlib.attention(q, kc, vc, backend="reference"),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_splits,kernels", [(1, ["decode_split"]), (2, ["decode_split", "decode_combine"])])
+def test_triton_decode_launches_no_combine_for_one_split(monkeypatch, num_splits, kernels):
+    """With one split the split kernel writes o and lse itself (one split's partial needs no merge):
+    one launch instead of two, o in q's dtype, a sequence of length 0 still 0 with lse = -inf."""
+    from flashlib.kernels.triton.spec import KernelSpec
+    launched, run = [], KernelSpec._run
+
+    def record(spec, grid, args, kwargs):
+        launched.append(spec.name)
+        return run(spec, grid, args, kwargs)
+    monkeypatch.setattr(KernelSpec, "_run", record)
+    q, kc, vc = make_qkv(B=2, H=4, HKV=1, NQ=3, NK=40, D=24, dtype=torch.float16, seed=10, device=DEVICE)
+    lens = torch.tensor([40, 0], device=DEVICE)
+    o, lse = flashlib.decode(q, kc, vc, cache_seqlens=lens, num_splits=num_splits, return_lse=True,
+                             backend="triton")
+    assert launched == kernels
+    assert o.dtype == q.dtype and o.is_contiguous() and lse.dtype == torch.float32
+    assert (o[1] == 0).all() and torch.isneginf(lse[1]).all()              # length 0: nothing to see
+    want = flashlib.attention(q[:1], kc[:1], vc[:1], backend="reference", return_lse=True)
+    torch.testing.assert_close(o[:1], want[0], atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(lse[:1], want[1], atol=1e-5, rtol=1e-5)
 
 
 def test_default_num_splits_rule():

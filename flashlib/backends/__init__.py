@@ -35,8 +35,9 @@ class Backend:
     ``backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32, blocks) -> (dq, dk, dv)``
     (``blocks`` = the caller's ``(block_q, block_k)``, None for "backend's choice"; dk, dv shaped
     like k, v: GQA groups summed); ``decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale)
-    -> (o, lse)``; ``check(q, op)`` raises (ValueError/RuntimeError with the reason) when this backend
-    cannot run on ``q``'s device and dtype in this process, ``op`` being "attention" or "decode".
+    -> (o, lse)`` (``cache_seqlens`` None: every sequence uses the whole cache); ``check(q, op)``
+    raises (ValueError/RuntimeError with the reason) when this backend cannot run on ``q``'s device
+    and dtype in this process, ``op`` being "attention" or "decode".
     Inputs reach a backend validated (:mod:`flashlib.validation`): same dtype and device,
     ``H % Hkv == 0``, head dim <= 256. ``lse`` is float32 (float64 for float64 inputs).
 

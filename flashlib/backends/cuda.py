@@ -40,9 +40,13 @@ def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(No
 
 
 def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
-    """Backend.decode: :func:`flashlib.kernels.cuda.decode`.
-    Explained in: notebooks/08_cuda."""
+    """Backend.decode: :func:`flashlib.kernels.cuda.decode` (``cache_seqlens`` None: the lengths
+    tensor is built here, every sequence at Nmax). Explained in: notebooks/08_cuda."""
+    import torch
+
     from ..kernels import cuda
+    if cache_seqlens is None:
+        cache_seqlens = torch.full((q.shape[0],), k_cache.shape[2], dtype=torch.int32, device=q.device)
     return cuda.decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, num_splits=num_splits,
                        scale=scale)
 

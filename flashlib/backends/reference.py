@@ -59,13 +59,16 @@ def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(No
 
 
 def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
-    """Backend.decode: :func:`flashlib.ladder.decoding.forward`, sequence by sequence.
-    Explained in: notebooks/07_triton."""
+    """Backend.decode: :func:`flashlib.ladder.decoding.forward`, sequence by sequence
+    (``cache_seqlens`` None: every sequence uses the whole cache). Explained in: notebooks/07_triton."""
     from ..ladder import decoding
     B, H, NQ, D = q.shape
-    group = H // k_cache.shape[1]
+    group, nmax = H // k_cache.shape[1], k_cache.shape[2]
     qn, kn, vn = _to_numpy(q), _to_numpy(k_cache), _to_numpy(v_cache)
-    lens = cache_seqlens.detach().clamp(0, k_cache.shape[2]).cpu().tolist()   # as the kernels clamp
+    if cache_seqlens is None:
+        lens = [nmax] * B
+    else:
+        lens = cache_seqlens.detach().clamp(0, nmax).cpu().tolist()          # as the kernels clamp
     o = np.zeros(qn.shape, dtype=qn.dtype)
     lse = np.full(qn.shape[:-1], -np.inf, dtype=qn.dtype)
     for b in range(B):                                 # ragged: each sequence its own valid length

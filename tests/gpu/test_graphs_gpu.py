@@ -52,6 +52,7 @@ def test_decode_never_syncs(no_sync):
     flashlib.decode(q, kc, vc, cache_seqlens=lens)
     flashlib.decode(q, kc, vc)                         # cache_seqlens=None: every key is valid
     flashlib.decode(q, kc, vc, cache_seqlens=lens.long(), num_splits=4)
+    flashlib.decode(q, kc, vc, num_splits=1)           # one split: no combine launch
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -85,15 +86,21 @@ def _capture(fn):
     return graph, out
 
 
-def test_decode_is_captured_in_a_cuda_graph_and_replays_on_new_inputs():
+@pytest.mark.parametrize("with_lengths", [True, False])
+@pytest.mark.parametrize("num_splits", [None, 1])
+def test_decode_is_captured_in_a_cuda_graph_and_replays_on_new_inputs(with_lengths, num_splits):
+    """With lengths and without (None: the kernel compiled without them), with the split rule and with
+    one split (no combine launch)."""
     q, kc, vc, lens = _decode_inputs()
-    graph, out = _capture(lambda: flashlib.decode(q, kc, vc, cache_seqlens=lens))
+    lens = lens if with_lengths else None
+    graph, out = _capture(lambda: flashlib.decode(q, kc, vc, cache_seqlens=lens, num_splits=num_splits))
     q2, kc2, vc2, _ = _decode_inputs(seed=7)
     for dst, src in ((q, q2), (kc, kc2), (vc, vc2)):
         dst.copy_(src)
-    lens.copy_(torch.tensor([5, 1037, 0], dtype=torch.int32))
+    if with_lengths:
+        lens.copy_(torch.tensor([5, 1037, 0], dtype=torch.int32))
     graph.replay()
-    want = flashlib.decode(q, kc, vc, cache_seqlens=lens)
+    want = flashlib.decode(q, kc, vc, cache_seqlens=lens, num_splits=num_splits)
     torch.testing.assert_close(out, want, rtol=0, atol=0)          # the same kernels on the same inputs
 
 

@@ -7,6 +7,9 @@
 #   Both grids are flat (flashlib.kernels.triton.flat_grid): the split kernel decodes (b·hk, r, s) from
 #   tl.program_id(0), s fastest, so the programs of one kv head are neighbours; the combine kernel
 #   has one program per query row. Neither is bound by CUDA's 65,535 on a second grid axis.
+#   With one split there is nothing to merge: the split kernel writes o and lse themselves and the
+#   combine is not launched. Without cache_seqlens (None) Triton compiles the kernel with SEQLENS a
+#   constexpr None, and every sequence uses all Nmax keys: no lengths tensor to allocate and fill.
 #   GQA: the query rows of a program are all (query head of the group, query position) pairs that read
 #   kv head hk, stacked — each K/V tile is loaded once for the whole group, and never copied.
 #   Every query sees every valid key (decoding appends the new tokens to the cache first); a sequence
@@ -16,7 +19,7 @@
 #   are described once by their KernelSpec (flashlib.kernels.triton.spec).
 # Idea: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding); the ladder is flashlib.ladder.decoding.
 # Limits: head dim <= 256; fp16, bf16, fp32; bf16 needs sm_80+; not differentiable (inference). Any
-#   B·H; 32-bit offsets: each tensor, and the partials (num_splits·B·H·Nq·BLOCK_D), < 2^31 elements.
+#   B·H; 32-bit offsets: each tensor, and the partials (num_splits·B·H·Nq·d), < 2^31 elements.
 # Run: flashlib.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="triton").
 """Flash-Decoding split-KV and combine kernels and their launcher.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
@@ -49,8 +52,10 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
     h = hk * GROUP + g                                 # (BLOCK_M,) query head of each row
     offs_d = tl.arange(0, BLOCK_D)
     q = kit.load_tile(Q + b * stride_qb + h * stride_qh + iq * stride_qn, row_ok, offs_d, D, UPCAST)
-    # this sequence's valid keys, clamped into [0, NMAX]: the host does not read them back (no sync)
-    nk = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), NMAX)
+    if SEQLENS is None:                                # no lengths (a constexpr None): the whole cache
+        nk = NMAX
+    else:   # this sequence's valid keys, clamped into [0, NMAX]: the host does not read them back (no sync)
+        nk = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), NMAX)
     chunk = tl.cdiv(tl.cdiv(nk, n_splits), BLOCK_N) * BLOCK_N   # keys per split, whole blocks
     start = split * chunk
     end = tl.minimum(start + chunk, nk)
@@ -64,7 +69,9 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
     o, lse = kit.finish(acc, l_i, m_i)                 # O_s normalized, LSE_s (0 and -inf: empty split)
     rows = (b * H + h) * NQ + iq                       # flat row index into (B, H, NQ)
     n_rows = B * H * NQ
-    tl.store(OP + (split * n_rows + rows[:, None]) * BLOCK_D + offs_d[None, :], o, mask=row_ok[:, None])
+    # OP (num_splits, B·H·NQ, D): fp32 partials, or o itself (one split), so cast to OP's type
+    tl.store(OP + (split * n_rows + rows[:, None]) * D + offs_d[None, :], o.to(OP.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_d[None, :] < D))
     tl.store(LP + split * n_rows + rows, lse, mask=row_ok)
 
 
@@ -81,8 +88,8 @@ def _combine_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on, n_rows, H, 
     w = tl.math.exp2((lse_s - m_use) * kit.LOG2E)      # exp(LSE_s - m)
     l = tl.sum(w, 0)
     l_safe = tl.where(l > 0.0, l, 1.0)
-    o_s = tl.load(OP + (offs_s[:, None] * n_rows + row) * BLOCK_D + offs_d[None, :],
-                  mask=s_ok[:, None], other=0.0)       # (BLOCK_S, BLOCK_D)
+    o_s = tl.load(OP + (offs_s[:, None] * n_rows + row) * D + offs_d[None, :],
+                  mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0)   # (BLOCK_S, BLOCK_D)
     o = tl.sum(w[:, None] * o_s, 0) / l_safe           # sum_s exp(LSE_s - lse) O_s
     lse = tl.where(l > 0.0, m_use + tl.math.log2(l_safe) * kit.LN2, float("-inf"))
     iq, bh = kit.unflatten(row, NQ)                    # row = (b·H + h)·NQ + iq
@@ -122,6 +129,8 @@ def grid_combine(B: int, H: int, NQ: int) -> tuple[int]:
     return flat_grid(B * H * NQ)
 
 
+# The spec describes the general case (the compile report compiles it): lengths given, fp32 partials.
+# decode() may also pass SEQLENS=None (a constexpr: no lengths) and, with one split, OP = o itself.
 SPLIT_SPEC = KernelSpec(
     "decode_split", _split_kernel, pointers=dict(Q="in", K="in", V="in", SEQLENS="i32", OP="fp32", LP="fp32"),
     strides=("Q", "K", "V"), scalars=dict(qk_scale="fp32", B="i32", H="i32", HKV="i32", GROUP="i32", NQ="i32",
@@ -139,9 +148,11 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
            config: Config | None = None):
     """Launch split-KV then combine: ``(o, lse)`` for ``q (B, H, Nq, d)``, caches ``(B, Hkv, Nmax, d)``.
 
-    ``cache_seqlens`` is an int32 tensor ``(B,)`` of valid cache lengths (checked by
-    :func:`flashlib.decode` on a CPU; on a GPU never read back by the host — the kernel clamps each into
-    ``[0, Nmax]`` — so a decode step neither waits for the GPU nor breaks CUDA-graph capture). Partial results live in an fp32 buffer ``(num_splits, B·H·Nq, BLOCK_D)``.
+    ``cache_seqlens`` is None (every sequence uses all Nmax keys) or an int32 tensor ``(B,)`` of valid
+    cache lengths (checked by :func:`flashlib.decode` on a CPU; on a GPU never read back by the host —
+    the kernel clamps each into ``[0, Nmax]`` — so a decode step neither waits for the GPU nor breaks
+    CUDA-graph capture). Partial results live in an fp32 buffer ``(num_splits, B·H·Nq, d)``; with one
+    split the split kernel writes ``o`` and ``lse`` directly and the combine is not launched.
 
     Explained in: notebooks/06_flash_decoding.
     Tested in: tests/kernels/triton/test_triton_decode.py.
@@ -151,7 +162,9 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
     group = H // HKV
     block_d = max(16, triton.next_power_of_2(D))
     n_rows = B * H * NQ
-    o_part = torch.empty((num_splits, n_rows, block_d), device=q.device, dtype=torch.float32)
+    # one split: the split kernel's output is the answer (o in q's dtype, contiguous like the partials)
+    o_part = torch.empty((num_splits, n_rows, D), device=q.device,
+                         dtype=q.dtype if num_splits == 1 else torch.float32)
     lse_part = torch.empty((num_splits, n_rows), device=q.device, dtype=torch.float32)
     args = dict(Q=q, K=k_cache, V=v_cache, SEQLENS=cache_seqlens, OP=o_part, LP=lse_part,
                 qk_scale=kit.qk_scale(scale), B=B, H=H, HKV=HKV, GROUP=group, NQ=NQ, NMAX=k_cache.shape[2], D=D,
@@ -159,6 +172,8 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
                 UPCAST=INTERPRET and q.dtype == torch.bfloat16, PRECISION="ieee")
     launch(SPLIT_SPEC, q.device, block_d, q.element_size(),
            lambda cfg: SPLIT_SPEC.launch(cfg, **args, BLOCK_M=split_block_m(cfg.block_m, group, NQ)), config)
+    if num_splits == 1:
+        return o_part.view(B, H, NQ, D), lse_part.view(B, H, NQ)
     o = torch.empty_like(q)
     lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
     COMBINE_SPEC.launch(OP=o_part, LP=lse_part, O=o, LSE=lse, n_rows=n_rows, H=H, NQ=NQ, N_SPLITS=num_splits,
