@@ -64,6 +64,7 @@ def package_files() -> set[str]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> pathlib.Path:
     """A wheel built by pip from a copy of pyproject.toml, README.md and flashlib/."""
+    require_module("pip")                    # a bare Python (venv --without-pip) has none
     require_module("setuptools")             # the build backend; with --no-build-isolation, the venv's own
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
