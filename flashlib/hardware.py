@@ -4,15 +4,19 @@ Figures are vendors' datasheet numbers as collected in the project's facts file 
 throughput, HBM bandwidth, SM count, shared memory a block may opt into). They are *published peak*
 figures, never measurements of ours; the book says so wherever it plots them.
 
+:func:`cuda_device` is the one exception, and no figure of merit: what the driver reports for a CUDA device
+of this machine (architecture, SM count, shared memory per block), asked once per device index.
+
 Explained in: book/gpu_memory and notebooks/01_naive_attention (roofline).
 """
 from __future__ import annotations
 
-import math
+import functools
 import operator
 from dataclasses import dataclass
 
-__all__ = ["GPU", "GPUS", "ARCH_SMEM_LIMIT", "CUDA_GRID_MAX", "flat_programs", "get", "ridge_point"]
+__all__ = ["GPU", "GPUS", "ARCH_SMEM_LIMIT", "CUDA_GRID_MAX", "CudaDevice", "cuda_device", "flat_programs", "get",
+           "ridge_point"]
 
 
 @dataclass(frozen=True)
@@ -60,14 +64,58 @@ def flat_programs(*counts: int) -> int:
 
     Tested in: tests/test_hardware.py.
     """
+    n = 1
     try:
-        n = math.prod(operator.index(c) for c in counts)      # Python or NumPy integers
+        for c in counts:                                       # a plain loop: every launch calls this
+            n *= operator.index(c)                             # Python or NumPy integers
     except TypeError:
         raise TypeError(f"counts must be integers, got {counts!r}") from None
     if not 1 <= n <= CUDA_GRID_MAX[0]:
         raise ValueError(f"a launch of {' x '.join(map(str, counts))} = {n} programs is outside CUDA's "
                          f"grid limit of 1..{CUDA_GRID_MAX[0]} on axis x")
     return n
+
+
+@dataclass(frozen=True)
+class CudaDevice:
+    """What the driver reports for one CUDA device of this machine (not a published figure).
+
+    ``arch``: e.g. "sm_90"; ``sms``: streaming multiprocessors; ``smem_optin``: shared memory a block may
+    opt into, bytes (None where torch does not report it).
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_host.py.
+    """
+    index: int
+    arch: str
+    sms: int
+    smem_optin: int | None
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_device(index: int) -> CudaDevice:
+    import torch
+    p = torch.cuda.get_device_properties(index)
+    return CudaDevice(index, f"sm_{p.major}{p.minor}", p.multi_processor_count,
+                      getattr(p, "shared_memory_per_block_optin", None))
+
+
+def cuda_device(device=None) -> CudaDevice:
+    """The :class:`CudaDevice` of ``device`` (a torch.device, "cuda:1", an index, or None: the current
+    device), asked of the driver once per device index and remembered: launchers call this on every call,
+    and a device's properties do not change while the process runs. ValueError for a non-CUDA device.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_host.py.
+    """
+    if isinstance(device, int):
+        return _cuda_device(device)
+    import torch
+    d = device if isinstance(device, torch.device) else torch.device("cuda" if device is None else device)
+    if d.type != "cuda":
+        raise ValueError(f"device must be a CUDA device, got {d}")
+    index = d.index if d.index is not None else torch.cuda.current_device()
+    return _cuda_device(index)
 
 
 def get(name: str) -> GPU:

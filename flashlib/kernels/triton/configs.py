@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...hardware import ARCH_SMEM_LIMIT
+from triton.runtime.errors import OutOfResources
+
+from ...hardware import ARCH_SMEM_LIMIT, cuda_device
 from .spec import KernelSpec
 
 __all__ = ["Config", "KERNELS", "CANDIDATES", "SM75", "SM90", "INTERPRETER", "hazard", "safe", "arch_config",
@@ -202,23 +204,30 @@ def arch_config(kernel: KernelSpec, arch: str, block_d: int, elem_bytes: int, *,
 
 
 def device_arch(device) -> str:
-    """``"sm_XY"`` of a CUDA device.
+    """``"sm_XY"`` of a CUDA device (asked of the driver once per device index:
+    :func:`flashlib.hardware.cuda_device`).
 
     Explained in: notebooks/07_triton.
     Tested in: tests/gpu/test_compile_report_gpu.py.
     """
-    import torch
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}"
+    return cuda_device(device).arch
 
 
-def _device_candidates(kernel: KernelSpec, device, block_d: int, elem_bytes: int) -> list[Config]:
-    if device.type != "cuda":
-        return [INTERPRETER[_table_spec(kernel).config]]
-    import torch
-    props = torch.cuda.get_device_properties(device)
-    limit = getattr(props, "shared_memory_per_block_optin", None)   # the device's own figure if known
-    return arch_candidates(kernel, device_arch(device), block_d, elem_bytes, limit=limit)
+def _device_candidates(kernel: KernelSpec, device, block_d: int, elem_bytes: int) -> tuple[Config, ...]:
+    """:func:`arch_candidates` for ``device`` (the interpreter's one config on a CPU), worked out once per
+    (spec, device type and index, block_d, elem_bytes) and kept on the spec: a launch's hot path. (The
+    tables are read on the first launch of each key: change them before launching, not after.)"""
+    key = (device.type, device.index, block_d, elem_bytes)
+    found = kernel._candidates.get(key)
+    if found is None:
+        if device.type != "cuda":
+            found = (INTERPRETER[_table_spec(kernel).config],)
+        else:
+            facts = cuda_device(device)                 # the device's own shared-memory figure if known
+            found = tuple(arch_candidates(kernel, facts.arch, block_d, elem_bytes, limit=facts.smem_optin))
+        if device.type != "cuda" or device.index is not None:   # "cuda" alone follows current_device
+            kernel._candidates[key] = found
+    return found
 
 
 def pick_config(kernel: KernelSpec, device, block_d: int, elem_bytes: int) -> Config:
@@ -237,7 +246,6 @@ def run_with_fallback(run, candidates):
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_configs.py.
     """
-    from triton.runtime.errors import OutOfResources
     for i, cfg in enumerate(candidates):
         try:
             return run(cfg)

@@ -200,7 +200,7 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
     """
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = kit.block_d(D)
     es = q.element_size()
     if do.stride(-1) != 1:
         do = do.contiguous()

@@ -71,7 +71,7 @@ def grid(B: int, H: int, NQ: int, block_m: int) -> tuple[int]:
 
     Tested in: tests/kernels/triton/test_triton_fa2_fwd.py.
     """
-    return flat_grid(B * H, triton.cdiv(NQ, block_m))
+    return flat_grid(B * H, kit.ceil_div(NQ, block_m))
 
 
 def smem_estimate(cfg: Config, block_d: int, elem_bytes: int) -> int:
@@ -106,13 +106,17 @@ def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, co
     """
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = kit.block_d(D)
     o = torch.empty_like(q)
     lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
     args = dict(Q=q, K=k, V=v, O=o, LSE=lse, qk_scale=kit.qk_scale(scale), H=H, GROUP=H // HKV, NQ=NQ,
                 NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d, UPCAST=INTERPRET and q.dtype == torch.bfloat16,
-                PRECISION="tf32" if allow_tf32 else "ieee", **(extra or {}))
+                PRECISION="tf32" if allow_tf32 else "ieee")
+    if extra:
+        args.update(extra)
     spec = SPEC if spec is None else spec
-    around = around or (lambda run: run())
-    launch(spec, q.device, block_d, q.element_size(), lambda cfg: around(lambda: spec.launch(cfg, **args)), config)
+
+    def run(cfg):
+        return spec.launch(cfg, **args) if around is None else around(lambda: spec.launch(cfg, **args))
+    launch(spec, q.device, block_d, q.element_size(), run, config)
     return o, lse

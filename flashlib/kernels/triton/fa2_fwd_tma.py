@@ -119,22 +119,26 @@ def supported(q, k, v, do=None) -> str | None:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
     """
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v, do) if t is not None):
-        check_tensors(q, k, v)                          # raises the TypeError naming the argument
-        raise TypeError(f"do must be a torch.Tensor or None, got {type(do).__name__}")
+    for t in (q, k, v, do):                         # plain loops: the backend asks on every call
+        if t is not None and not isinstance(t, torch.Tensor):
+            check_tensors(q, k, v)                  # raises the TypeError naming the argument
+            raise TypeError(f"do must be a torch.Tensor or None, got {type(do).__name__}")
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"the TMA kernels take float16 or bfloat16, got {q.dtype} (versions 1 and 2 run it)"
     for name, t in (("q", q), ("k", k), ("v", v), ("do", do)):
         if t is None:
             continue
-        if t.stride(-1) != 1:
-            return f"{name}'s last dim is not contiguous (stride {t.stride(-1)})"
-        if t.shape[-2] > 1 and t.stride(-2) == 0:
+        strides, shape = t.stride(), t.shape
+        if strides[-1] != 1:
+            return f"{name}'s last dim is not contiguous (stride {strides[-1]})"
+        if shape[-2] > 1 and strides[-2] == 0:
             return f"{name}'s rows all share one memory row (row stride 0, an expanded tensor)"
-        bad = [s for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1 and (s * t.element_size()) % 16]
-        if bad or t.data_ptr() % 16:
-            return (f"{name}'s strides {tuple(t.stride())} or its start are not multiples of 16 bytes "
-                    f"(TMA needs them; d = {t.shape[-1]}: a multiple of 8 for contiguous tensors)")
+        es, aligned = t.element_size(), t.data_ptr() % 16 == 0
+        for st, n in zip(strides[:-1], shape[:-1]):
+            aligned = aligned and (n == 1 or (st * es) % 16 == 0)
+        if not aligned:
+            return (f"{name}'s strides {tuple(strides)} or its start are not multiples of 16 bytes "
+                    f"(TMA needs them; d = {shape[-1]}: a multiple of 8 for contiguous tensors)")
     return None
 
 

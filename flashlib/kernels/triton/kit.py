@@ -10,6 +10,8 @@
 #   * load_tile / store_tile — a (rows, BLOCK_D) tile, rows and padded columns masked, with the
 #     interpreter's bf16 upcast; load_kv — a key block's K_j, V_j; load_lse2 — saved LSEs in base 2;
 #     desc_2d — the tensor descriptor of one (batch, head)'s (N, d) matrix, for the TMA kernels;
+#   * for the launchers on the host, plain Python: qk_scale, ceil_div and block_d (triton.cdiv and
+#     triton.next_power_of_2 are ConstexprFunctions, microseconds a call on the host);
 #   * dkdv_step — one query block's contribution to dK_j, dV_j (Algorithm 2, lines 9-16 without 15),
 #     the body of both dK/dV kernels (fa2_bwd's and fa2_bwd_tma's), which differ only in their loads;
 #   * softmax_step — one step of the online softmax (Algorithm 1, lines 9-10), in base 2, and finish —
@@ -37,15 +39,16 @@ import math
 
 from . import tl, triton
 
-__all__ = ["LOG2E", "LN2", "FULL", "MASKED", "qk_scale", "unflatten", "key_range", "query_range", "load_tile",
-           "store_tile", "load_lse2", "load_kv", "softmax_step", "mask_keys", "mask_causal", "mask_scores", "attend", "finish",
-           "dkdv_step", "desc_2d"]
+__all__ = ["LOG2E", "LN2", "FULL", "MASKED", "qk_scale", "ceil_div", "block_d", "unflatten", "key_range",
+           "query_range", "load_tile", "store_tile", "load_lse2", "load_kv", "softmax_step", "mask_keys",
+           "mask_causal", "mask_scores", "attend", "finish", "dkdv_step", "desc_2d"]
 
 # tl.constexpr: Triton reads a global inside a kernel only if it is one (``LOG2E.value`` in Python).
 LOG2E = tl.constexpr(math.log2(math.e))   # exp(x) = exp2(x * LOG2E): exp2 is the GPU's native exponential
 LN2 = tl.constexpr(math.log(2.0))         # ln(x) = log2(x) * LN2: back from base 2 to the natural log
 FULL = tl.constexpr(1)            # attend's STAGE: key blocks every query row sees entirely, no mask
 MASKED = tl.constexpr(2)          # attend's STAGE: diagonal and ragged key blocks, masked
+_LOG2E = LOG2E.value              # the plain float, for the host (qk_scale runs on every launch)
 
 
 def qk_scale(scale: float) -> float:
@@ -54,7 +57,27 @@ def qk_scale(scale: float) -> float:
 
     Tested in: tests/kernels/triton/test_triton_kit.py.
     """
-    return scale * LOG2E.value
+    return scale * _LOG2E
+
+
+# Host-side integer helpers for the launchers, in plain Python: triton.cdiv and triton.next_power_of_2
+# are Triton ConstexprFunctions (triton 3.9), a few microseconds of wrapping per call on the host.
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive ints, as triton.cdiv.  Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/triton/test_triton_host.py.
+    """
+    return -(-a // b)
+
+
+def block_d(d: int) -> int:
+    """The head-dim tile the kernels use for head dim ``d``: the next power of two >= d, at least 16
+    (tl.arange and tl.dot need a power of two >= 16; loads mask the padding).
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_host.py.
+    """
+    return max(16, 1 << (d - 1).bit_length())
 
 
 @triton.jit

@@ -7,6 +7,11 @@
 #     included, with the grid and the block constexprs of its config;
 #   * configs.arch_candidates (which configs fit an architecture's shared memory);
 #   * flashlib.tools.compile_report (the signature, constexprs and config it compiles).
+#   A launch is host work on every call, so the spec works out its layout once: at construction, one
+#   C-level getter (operator.itemgetter) per group of arguments; per set of argument names a launcher
+#   passes, the missing/unknown check, done on its first launch and remembered (its clear TypeError
+#   still comes, from the first launch that passes a wrong set). The per-device config candidates are
+#   cached on the spec too (configs._device_candidates).
 # Idea: flashlib.kernels.cuda.launch.LaunchSpec, which does the same for the CUDA kernels.
 # Limits: arguments come in four groups, in this order: pointers, the (batch, head, row) strides of
 #   some of them (named stride_<x>b, stride_<x>h, stride_<x>n), scalars, constexprs.
@@ -16,6 +21,7 @@ compile report.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
 import inspect
+import operator
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,6 +29,13 @@ __all__ = ["KernelSpec", "staged_bytes"]
 
 POINTER_TYPES = ("in", "fp32", "i32")     # "in": the inputs' dtype (fp16, bf16 or fp32)
 SCALAR_TYPES = ("i32", "fp32")
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[dict], tuple]:
+    """A function of a dict returning the tuple of its values at ``names`` (C-level for 2 or more)."""
+    if len(names) >= 2:
+        return operator.itemgetter(*names)
+    return (lambda d: (d[names[0]],)) if names else (lambda d: ())
 
 
 def staged_bytes(cfg, elem_bytes: int, *, resident: int, streamed: int) -> int:
@@ -46,10 +59,11 @@ class KernelSpec:
     ``grid``: the launch grid from the arguments' values (a dict by name). ``config``: the kernel's key
     in :mod:`flashlib.kernels.triton.configs`' tables, or None with ``fixed``, the one config it always
     runs with. ``smem``: ``(cfg, block_d, elem_bytes) -> bytes`` of the tiles it stages (configs prunes
-    by it). ``uses_dot``: it has a tl.dot (tensor cores on sm_80+).
+    by it). ``uses_dot``: it has a tl.dot (tensor cores on sm_80+). Host-side caches, not part of its
+    identity: the argument-name sets :meth:`launch` has checked, and configs' per-device candidates.
     
     Explained in: notebooks/07_triton.
-    Tested in: tests/kernels/triton/test_triton_spec.py.
+    Tested in: tests/kernels/triton/test_triton_spec.py and tests/kernels/triton/test_triton_host.py.
     """
     name: str
     fn: object
@@ -63,6 +77,9 @@ class KernelSpec:
     smem: Callable | None = None
     uses_dot: bool = True
     runtime_args: tuple[str, ...] = field(init=False, repr=False)
+    # Host-side caches, filled on first use (compare=False: not part of the spec's identity).
+    _checked: dict = field(init=False, repr=False, compare=False, default_factory=dict)   # names -> blocks
+    _candidates: dict = field(init=False, repr=False, compare=False, default_factory=dict)  # configs' cache
 
     def __post_init__(self):
         bad = {n: t for n, t in self.pointers.items() if t not in POINTER_TYPES}
@@ -75,6 +92,10 @@ class KernelSpec:
         strides = tuple(f"stride_{p.lower()}{axis}" for p in self.strides for axis in "bhn")
         object.__setattr__(self, "runtime_args", (*self.pointers, *strides, *self.scalars))
         self.check_signature()
+        # launch's getters: pointers, the tensors whose strides follow, scalars, constexprs.
+        for name, names in (("_pointers", tuple(self.pointers)), ("_strided", self.strides),
+                            ("_scalars", tuple(self.scalars)), ("_constexprs", self.constexprs)):
+            object.__setattr__(self, name, _getter(names))
 
     @property
     def arg_names(self) -> tuple[str, ...]:
@@ -107,25 +128,40 @@ class KernelSpec:
 
     def launch(self, cfg=None, **values):
         """Launch the kernel with ``cfg`` (None: ``fixed``) and the arguments by name, strides left out:
-        they are read from the pointers' tensors. BLOCK_M/BLOCK_N come from ``cfg`` unless given."""
+        they are read from the pointers' tensors. BLOCK_M/BLOCK_N come from ``cfg`` unless given.
+        TypeError naming the missing and unknown arguments if the names are not the kernel's."""
         cfg = self.fixed if cfg is None else cfg
         if cfg is None:
             raise TypeError(f"{self.name}.launch: cfg is required (a configs.Config from the {self.config!r} "
                             "tables: use configs.launch)")
-        values = {**self.block_constexprs(cfg), **values}
-        given = set(values) | {n for n in self.runtime_args if n.startswith("stride_")}
+        names = tuple(values)
+        blocks = self._checked.get(names)
+        if blocks is None:
+            blocks = self._check_names(names)
+        if blocks[0]:
+            values["BLOCK_M"] = cfg.block_m
+        if blocks[1]:
+            values["BLOCK_N"] = cfg.block_n
+        args = [*self._pointers(values)]
+        for t in self._strided(values):
+            args += t.stride()[:3]                        # (batch, head, row) strides
+        args += self._scalars(values)
+        kwargs = dict(zip(self.constexprs, self._constexprs(values)), num_warps=cfg.num_warps,
+                      num_stages=cfg.num_stages)
+        return self._run(self.grid(values), args, kwargs)
+
+    def _check_names(self, names: tuple[str, ...]) -> tuple[bool, bool]:
+        """Check once per set of names a launcher passes (TypeError naming what is missing or
+        unknown); remember which of BLOCK_M, BLOCK_N the config must supply."""
+        blocks = tuple(n in self.constexprs and n not in names for n in ("BLOCK_M", "BLOCK_N"))
+        given = {*names, *(n for n, b in zip(("BLOCK_M", "BLOCK_N"), blocks) if b),
+                 *(n for n in self.runtime_args if n.startswith("stride_"))}
         missing = [n for n in self.arg_names if n not in given]
-        extra = sorted(set(values) - set(self.arg_names))
+        extra = sorted(set(names) - set(self.arg_names))
         if missing or extra:
             raise TypeError(f"{self.name}.launch: missing arguments {missing}, unknown arguments {extra}")
-        for p in self.strides:
-            t = values[p]
-            values.update({f"stride_{p.lower()}b": t.stride(0), f"stride_{p.lower()}h": t.stride(1),
-                           f"stride_{p.lower()}n": t.stride(2)})
-        args = [values[n] for n in self.runtime_args]
-        kwargs = {n: values[n] for n in self.constexprs}
-        return self._run(self.grid(values), args, dict(kwargs, num_warps=cfg.num_warps,
-                                                       num_stages=cfg.num_stages))
+        self._checked[names] = blocks
+        return blocks
 
     def _run(self, grid, args, kwargs):
         self.fn[grid](*args, **kwargs)
