@@ -11,7 +11,6 @@ Explained in: book/gpu_memory and notebooks/01_naive_attention (roofline).
 """
 from __future__ import annotations
 
-import functools
 import operator
 from dataclasses import dataclass
 
@@ -92,12 +91,19 @@ class CudaDevice:
     smem_optin: int | None
 
 
-@functools.lru_cache(maxsize=None)
+_CUDA_DEVICES: dict[int, CudaDevice] = {}           # device index -> what its driver said
+
+
 def _cuda_device(index: int) -> CudaDevice:
-    import torch
-    p = torch.cuda.get_device_properties(index)
-    return CudaDevice(index, f"sm_{p.major}{p.minor}", p.multi_processor_count,
-                      getattr(p, "shared_memory_per_block_optin", None))
+    # A plain dict, not functools.lru_cache: torch.compile traces flashlib.attention's checks through
+    # here, and dynamo reads a global dict where it would break the graph at a cache wrapper.
+    found = _CUDA_DEVICES.get(index)
+    if found is None:
+        import torch
+        p = torch.cuda.get_device_properties(index)
+        found = _CUDA_DEVICES[index] = CudaDevice(index, f"sm_{p.major}{p.minor}", p.multi_processor_count,
+                                                  getattr(p, "shared_memory_per_block_optin", None))
+    return found
 
 
 def cuda_device(device=None) -> CudaDevice:

@@ -17,16 +17,36 @@ Explained in: notebooks/07_triton.
 """
 from __future__ import annotations
 
+import functools
+import os
+import types
+
 DESCRIPTION = "flashlib.kernels.triton kernels (compiled on CUDA, Triton's interpreter on CPU)"
 FORWARD_VERSIONS = ("v1", "tma")      # FLASHLIB_TRITON_FWD's values; the first is the default
 BACKWARD_VERSIONS = ("v2", "tma")     # FLASHLIB_TRITON_BWD's values; the first is the default
 KNOBS = {"FLASHLIB_TRITON_FWD": FORWARD_VERSIONS, "FLASHLIB_TRITON_BWD": BACKWARD_VERSIONS}   # read by info, bench
 
+# The host path runs on every call (a small call's whole cost on a GPU): the kernel modules are imported
+# once (_kernels), a caller's blocks become a Config once (_config), and the knobs are read from
+# os.environ on each call (tests and the bench change them between calls), one lookup each.
+
+
+@functools.cache
+def _kernels() -> types.SimpleNamespace:
+    """The kernel modules (and torch), imported on first use: importing flashlib imports no triton."""
+    import torch
+
+    from ..kernels import triton as ft
+    from ..kernels.triton import configs, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma
+    return types.SimpleNamespace(ft=ft, configs=configs, fa2_fwd=fa2_fwd, fa2_fwd_tma=fa2_fwd_tma,
+                                 fa2_bwd=fa2_bwd, fa2_bwd_tma=fa2_bwd_tma, torch=torch)
+
 
 def _wanted(variable: str) -> str:
-    import os
     versions = KNOBS[variable]
-    wanted = os.environ.get(variable, versions[0])
+    wanted = os.environ.get(variable)
+    if wanted is None:
+        return versions[0]
     if wanted not in versions:
         raise ValueError(f"{variable} must be one of {versions}, got {wanted!r}")
     return wanted
@@ -39,10 +59,8 @@ def forward_version(q, k, v) -> str:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
     """
-    if _wanted("FLASHLIB_TRITON_FWD") == "tma":
-        from ..kernels.triton import fa2_fwd_tma
-        if fa2_fwd_tma.supported(q, k, v) is None:
-            return "tma"
+    if _wanted("FLASHLIB_TRITON_FWD") == "tma" and _kernels().fa2_fwd_tma.supported(q, k, v) is None:
+        return "tma"
     return "v1"
 
 
@@ -54,71 +72,79 @@ def backward_version(q, k, v, do) -> str:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_fa2_bwd_tma.py.
     """
-    if _wanted("FLASHLIB_TRITON_BWD") == "tma":
-        from ..kernels.triton import fa2_fwd_tma
-        if fa2_fwd_tma.supported(q, k, v, do) is None:
-            return "tma"
+    if _wanted("FLASHLIB_TRITON_BWD") == "tma" and _kernels().fa2_fwd_tma.supported(q, k, v, do) is None:
+        return "tma"
     return "v2"
 
 
 def _last_dim_contiguous(*xs):
-    return tuple(x if x.stride(-1) == 1 else x.contiguous() for x in xs)
+    for x in xs:
+        if x.stride(-1) != 1:                         # rare: copy those that need it
+            return tuple(x if x.stride(-1) == 1 else x.contiguous() for x in xs)
+    return xs
 
 
-def _config(blocks):
-    """A Config from the caller's (block_q, block_k), or None to let the device's table choose."""
-    if blocks == (None, None):
-        return None
-    from ..kernels.triton.configs import Config
+@functools.lru_cache(maxsize=64)
+def _table_config(blocks):
+    """A Config from the caller's (block_q, block_k), both given or None (see _config)."""
     for name, b in zip(("block_q", "block_k"), blocks):
         if b is not None and (b < 16 or b & (b - 1)):
             raise ValueError(f"backend='triton' needs {name} to be a power of two >= 16 (tl.arange "
                              f"and tl.dot), got {b}")
     bq, bk = (b if b is not None else 32 for b in blocks)
-    return Config(bq, bk, 4, 1)
+    return _kernels().configs.Config(bq, bk, 4, 1)
+
+
+def _config(blocks):
+    """A Config from the caller's (block_q, block_k), or None to let the device's table choose."""
+    return None if blocks == (None, None) else _table_config(blocks)
 
 
 def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     """Backend.forward: :func:`flashlib.kernels.triton.fa2_fwd.forward`, or the TMA forward
     (:func:`flashlib.kernels.triton.fa2_fwd_tma.forward`) where :func:`forward_version` says so.
     Explained in: notebooks/07_triton."""
-    from ..kernels.triton import fa2_fwd, fa2_fwd_tma
+    kernels = _kernels()
     q, k, v = _last_dim_contiguous(q, k, v)
     _wanted("FLASHLIB_TRITON_BWD")      # a bad backward knob fails before the forward runs
     if forward_version(q, k, v) == "tma":
-        return fa2_fwd_tma.forward(q, k, v, causal=causal, scale=scale, config=_config(blocks))
-    return fa2_fwd.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
-                           config=_config(blocks))
+        return kernels.fa2_fwd_tma.forward(q, k, v, causal=causal, scale=scale, config=_config(blocks))
+    return kernels.fa2_fwd.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
+                                   config=_config(blocks))
 
 
 def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     """Backend.backward: :func:`flashlib.kernels.triton.fa2_bwd.backward`, or with the TMA dK/dV
     (:func:`flashlib.kernels.triton.fa2_bwd_tma.backward`) where :func:`backward_version` says so.
     Explained in: notebooks/07_triton."""
-    from ..kernels.triton import fa2_bwd, fa2_bwd_tma
+    kernels = _kernels()
     q, k, v, o, do = _last_dim_contiguous(q, k, v, o, do)
     cfg = _config(blocks)                         # dK/dV: key block = block_k, query step = block_q
     if backward_version(q, k, v, do) == "tma":
-        return fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=causal, scale=scale, config_dkdv=cfg,
-                                    config_dq=cfg)
-    return fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32,
-                            config_dkdv=cfg, config_dq=cfg)
+        return kernels.fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=causal, scale=scale,
+                                            config_dkdv=cfg, config_dq=cfg)
+    return kernels.fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32,
+                                    config_dkdv=cfg, config_dq=cfg)
 
 
 def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
-    """Backend.decode: :func:`flashlib.kernels.triton.decode.decode` (split-KV, then combine).
+    """Backend.decode: :func:`flashlib.kernels.triton.decode.decode` (split-KV, then combine);
+    ``cache_seqlens`` None reaches the kernel as None (no lengths tensor is made).
     Explained in: notebooks/07_triton."""
     import torch
 
     from ..kernels.triton import decode as triton_decode
     q, k_cache, v_cache = _last_dim_contiguous(q, k_cache, v_cache)
-    return triton_decode.decode(q, k_cache, v_cache, cache_seqlens.to(torch.int32).contiguous(),
-                                num_splits=num_splits, scale=scale)
+    if cache_seqlens is not None:
+        cache_seqlens = cache_seqlens.to(torch.int32).contiguous()
+    return triton_decode.decode(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits, scale=scale)
 
 
 def check(q, op):
     """Backend.check: triton importable, in the mode q's device needs; no float64; bf16 needs sm_80+.
     Explained in: notebooks/07_triton."""
+    # Plain imports, not _kernels(): check runs while torch.compile traces flashlib.attention, and dynamo
+    # traces an import but breaks the graph at a functools.cache wrapper.
     import torch
     try:
         from ..kernels import triton as ft
@@ -128,6 +154,6 @@ def check(q, op):
     if q.dtype == torch.float64:
         raise TypeError("backend='triton' supports float16, bfloat16 and float32, got torch.float64; "
                         "use backend='reference' for float64")
-    if q.device.type == "cuda":
+    if q.device.type == "cuda":                   # the device's arch: asked of the driver once per index
         from ..kernels.triton.configs import check_dtype_arch, device_arch
         check_dtype_arch(str(q.dtype).removeprefix("torch."), device_arch(q.device))
