@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -354,7 +355,6 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
     Tested in: tests/tools/test_bench.py, tests/tools/test_bench_small.py.
     """
     import torch
-    from tqdm.auto import tqdm
 
     import flashlib
     timer_name = DEFAULT_TIMER if timer is None else getattr(timer, "__qualname__", repr(timer))
@@ -388,7 +388,12 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
               **{name: lambda a, b, c: _sdpa(a, b, c, causal) for name in SDPA_BACKENDS},
               "naive": lambda a, b, c: _naive(a, b, c, causal)}
     rows = []
-    for n in tqdm(config["ns"], desc="bench N", disable=not progress):
+    if progress:                                     # tqdm only where a bar is drawn: a bare GPU Python
+        from tqdm.auto import tqdm                   # (make test-gpu PY=python3) may not have it
+        ns_iter = tqdm(config["ns"], desc="bench N")
+    else:
+        ns_iter = config["ns"]
+    for n in ns_iter:
         gen = torch.Generator(device=device).manual_seed(n)
         q = torch.randn(batch, heads, n, head_dim, device=device, dtype=dt, generator=gen)   # (B, H, N, d)
         k = torch.randn(batch, kv_heads, n, head_dim, device=device, dtype=dt, generator=gen)  # (B, Hkv, N, d)
@@ -825,12 +830,16 @@ def main(args) -> int:
             return 2
     results = run(args.n, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
                   dtype=args.dtype, causal=args.causal, cuda=not args.no_cuda, tma=not args.no_tma,
-                  small=None if args.no_small else SMALL_SHAPE)
+                  small=None if args.no_small else SMALL_SHAPE,
+                  progress=importlib.util.find_spec("tqdm") is not None)   # a bare GPU Python may lack it
     print(format_results(results))
     if args.save:
         path = save(results, pathlib.Path(args.save) / result_name(results) if folder else args.save)
         print(f"results saved to {path}")
-    if args.out:
+    if args.out and importlib.util.find_spec("matplotlib") is None:
+        print(f"--out {args.out}: matplotlib is not installed, so no plot was drawn (the table above and "
+              "--save keep every measurement)", file=sys.stderr)
+    elif args.out:
         plot(results, args.out)
         print(f"plot saved to {args.out}")
     return 0

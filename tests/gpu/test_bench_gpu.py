@@ -9,6 +9,7 @@ the TMA dK/dV) must have a forward and a backward time, and no decode time, with
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -43,12 +44,17 @@ def _sdpa_takes(member: str) -> bool:
 def saved(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bench")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # A bare GPU Python (make test-gpu PY=python3) may have no matplotlib: then the command draws no plot
+    # and says so, and everything else is checked the same.
+    plots = importlib.util.find_spec("matplotlib") is not None
     args = ["--n", *map(str, NS), "--batch", str(B), "--heads", str(H), "--kv-heads", str(HKV),
-            "--head-dim", str(D), "--causal", "--save", str(folder / "r.json"), "--out", str(folder / "r.png")]
+            "--head-dim", str(D), "--causal", "--save", str(folder / "r.json"),
+            "--out", str(folder / "r.png") if plots else ""]
     r = subprocess.run([sys.executable, "-m", "flashlib", "bench", *args], capture_output=True, text=True,
                        cwd=ROOT, env=env, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"results saved to {folder / 'r.json'}" in r.stdout and (folder / "r.png").stat().st_size > 10_000
+    assert f"results saved to {folder / 'r.json'}" in r.stdout
+    assert not plots or (folder / "r.png").stat().st_size > 10_000
     return folder / "r.json"
 
 

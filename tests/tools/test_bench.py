@@ -63,7 +63,6 @@ def test_naive_and_sdpa_agree_with_bottom_right_causal():
 def test_run_and_plot_plumbing(tmp_path):
     """The whole pipeline at toy sizes on DEVICE (interpreted kernels on a CPU, compiled on a GPU) with a
     wall-clock timer. These numbers are never shown: by default run() uses triton.testing.do_bench."""
-    require_module("tqdm")  # bench.run's progress bar
     require_module("matplotlib")  # bench.plot
     res = bench.run((16, 24), batch=1, heads=2, kv_heads=1, head_dim=16, dtype="float32", device=DEVICE,
                     timer=lambda fn: best_time(fn, repeat=1) * 1e3, progress=False)
@@ -174,7 +173,6 @@ def test_the_tma_row_times_the_tma_kernels_and_the_flashlib_row_versions_1_and_2
     is shown to be the TMA forward's alone and its backward time the TMA dK/dV's (in version 2's
     backward), row "flashlib"'s version 1's and version 2's with its own dK/dV, whatever the reader's
     own FLASHLIB_TRITON_FWD and FLASHLIB_TRITON_BWD, which are as they were afterwards."""
-    require_module("tqdm")  # bench.run's progress bar
     for variable, value in zip(VARIABLES, outside or (None, None)):
         if value is None:
             monkeypatch.delenv(variable, raising=False)
@@ -211,7 +209,6 @@ def test_the_tma_row_times_the_tma_kernels_and_the_flashlib_row_versions_1_and_2
 def test_the_tma_row_records_the_refusal_instead_of_timing_versions_1_and_2(monkeypatch, dtype, head_dim, reason):
     """Where the TMA kernels do not take the tensors, the tma row has no time, with the reason, and
     versions 1 and 2 (which FLASHLIB_TRITON_FWD/BWD=tma would run instead) never run under its name."""
-    require_module("tqdm")  # bench.run's progress bar
     calls = _spy_on_kernels(monkeypatch)
     res = bench.run([16], batch=1, heads=2, head_dim=head_dim, dtype=dtype, device=DEVICE, cuda=False,
                     timer=lambda fn: (fn(), 1.0)[1], progress=False)
@@ -260,7 +257,6 @@ def test_triton_kernels_sets_both_variables_and_restores_them_also_when_the_body
 def test_run_restores_the_variables_when_a_tma_kernel_raises(monkeypatch, broken):
     """A failure inside the tma row's timed forward or backward propagates (it is not a refusal) and
     leaves the reader's FLASHLIB_TRITON_FWD and FLASHLIB_TRITON_BWD as they were."""
-    require_module("tqdm")  # bench.run's progress bar
     from flashlib.kernels.triton import fa2_bwd_tma, fa2_fwd_tma
     monkeypatch.delenv("FLASHLIB_TRITON_FWD", raising=False)
     monkeypatch.setenv("FLASHLIB_TRITON_BWD", "v2")
@@ -347,7 +343,6 @@ def test_commands_are_a_registry():
 
 
 def test_run_refuses_bad_arguments_before_timing():
-    require_module("tqdm")  # bench.run's progress bar
     for kwargs, field in ((dict(dtype="float8"), "config.dtype"), (dict(heads=6, kv_heads=4), "config.kv_heads"),
                           (dict(ns=[]), "config.ns"), (dict(head_dim=0), "config.head_dim")):
         with pytest.raises(ValueError, match=rf"run: {re.escape(field)} must be"):

@@ -13,11 +13,9 @@ import re
 import pytest
 import torch
 
-from conftest import DEVICE, require_module
+from conftest import DEVICE
 from flashlib.tools import bench
 from flashlib.__main__ import main as cli_main
-
-require_module("tqdm")              # bench.run's progress bar
 
 
 def _recording_timer(record):
@@ -160,3 +158,23 @@ def test_the_command_times_the_small_call_unless_told_not_to(monkeypatch, capsys
     assert "a small call (B=1 H=8 N=128 d=64)" in capsys.readouterr().out
     assert cli_main(["bench", "--n", "64", "--out", "", "--no-small"]) == 0
     assert got[-1]["small"] is None
+
+
+def test_the_command_runs_without_tqdm_and_matplotlib(monkeypatch, capsys, tmp_path):
+    """A GPU machine's bare Python (make test-gpu PY=python3) may lack both: no bar, no plot, said so."""
+    import importlib.util
+    from test_bench import synthetic_results
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("tqdm", "matplotlib") else real(name, *a))
+    got, made_up = [], synthetic_results()
+    made_up["rows"] = [bench._with_throughput(r, made_up["config"]) for r in made_up["rows"]]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "run", lambda *a, **kw: got.append(kw) or made_up)
+    assert cli_main(["bench", "--n", "64", "--out", str(tmp_path / "p.png")]) == 0
+    assert got[-1]["progress"] is False and not (tmp_path / "p.png").exists()
+    assert "matplotlib is not installed, so no plot was drawn" in capsys.readouterr().err
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert cli_main(["bench", "--n", "64", "--out", str(tmp_path / "p.png")]) == 0
+    assert got[-1]["progress"] is (real("tqdm") is not None)           # with them: the bar and the plot
+    assert (tmp_path / "p.png").exists() is (real("matplotlib") is not None)
