@@ -123,8 +123,8 @@ def default_num_splits(q, k_cache) -> int:
     hkv, nmax = k_cache.shape[1], k_cache.shape[2]
     row_blocks = -(-(H // hkv) * NQ // 64)
     if q.device.type == "cuda":
-        import torch
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        from .hardware import cuda_device
+        sms = cuda_device(q.device).sms                  # asked of the driver once per device
     else:
         sms = CPU_SPLIT_SMS
     return choose_num_splits(B * hkv, row_blocks, max(nmax, 1), sms, block_k=256)

@@ -131,7 +131,8 @@ def check_cache_seqlens(cache_seqlens, q, nmax: int):
     would make the host wait for the GPU (a synchronisation worth about 100 µs per decode step, and one
     that CUDA-graph capture forbids), so on a GPU only the type, shape and device are checked, and the
     decode kernels clamp each length into ``[0, nmax]`` themselves: a bad length can never read outside
-    the cache.
+    the cache. The same holds while ``torch.compile`` traces a call (a value read there would split the
+    compiled graph), whatever the device.
 
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/test_validation.py.
@@ -149,7 +150,7 @@ def check_cache_seqlens(cache_seqlens, q, nmax: int):
     if cache_seqlens.device != q.device:
         raise ValueError(f"cache_seqlens must be on the device of q ({q.device}), got "
                          f"{cache_seqlens.device}")
-    if cache_seqlens.device.type != "cpu":
+    if cache_seqlens.device.type != "cpu" or torch.compiler.is_compiling():
         return cache_seqlens                  # no read-back (see above): the kernels clamp instead
     lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
     if lo < 0 or hi > nmax:

@@ -96,6 +96,23 @@ def test_default_num_splits_rule():
     assert api.default_num_splits(q, kc) == 2                     # each split keeps >= 256 keys
 
 
+def test_default_num_splits_on_a_gpu_reads_its_sm_count(monkeypatch):
+    """The GPU branch, with a faked H100 (132 SMs): Llama-style decode, B1, 32 query heads on 8 kv heads,
+    one token, is 8 work items; ceil(132 / 8) = 17 splits fill the GPU, capped at one split per 256 keys."""
+    import types
+
+    from flashlib import hardware
+    monkeypatch.setattr(hardware, "_CUDA_DEVICES", {0: hardware.CudaDevice(0, "sm_90", 132, 232448)})
+    gpu = torch.device("cuda", 0)
+
+    def shapes(nk, b=1):
+        return (types.SimpleNamespace(shape=(b, 32, 1, 128), device=gpu),
+                types.SimpleNamespace(shape=(b, 8, nk, 128), device=gpu))
+    assert api.default_num_splits(*shapes(16384)) == 17            # ceil(132 / 8)
+    assert api.default_num_splits(*shapes(4096)) == 16             # 4096 keys: 16 splits of 256
+    assert api.default_num_splits(*shapes(16384, b=17)) == 1       # 136 work items fill 132 SMs
+
+
 # --------------------------------------------------------------------------------------- bad input
 
 def _bad_attention_cases():

@@ -230,8 +230,8 @@ def test_decode_compiles_to_one_op_without_graph_break_and_matches_eager(backend
 
 
 def test_decode_with_lengths_compiles_and_matches_eager():
-    """Explicit lengths: on a GPU never read by the host; CPU lengths are range-checked by
-    flashlib.validation, which torch.compile runs outside the graph (a graph break, CPU only)."""
+    """Explicit lengths: never read by the host while torch.compile traces (on a GPU never at all; in
+    eager CPU lengths are range-checked), so even CPU lengths compile to one graph with fullgraph."""
     q, kc, vc = make_qkv(B=3, H=4, HKV=1, NQ=2, NK=30, D=8, dtype=torch.float32, seed=5, device=DEVICE)
     lens = torch.tensor([30, 0, 11], device=DEVICE)
 
@@ -239,7 +239,11 @@ def test_decode_with_lengths_compiles_and_matches_eager():
         return flashlib.decode(q, kc, vc, cache_seqlens=lens, num_splits=3, return_lse=True)
 
     torch._dynamo.reset()
-    (o, lse), (o_eager, lse_eager) = torch.compile(step, backend="aot_eager")(q, kc, vc, lens), step(q, kc, vc, lens)
+    explain = torch._dynamo.explain(step)(q, kc, vc, lens)
+    assert explain.graph_count == 1 and explain.graph_break_count == 0, explain.break_reasons
+    torch._dynamo.reset()
+    (o, lse), (o_eager, lse_eager) = (torch.compile(step, fullgraph=True, backend="aot_eager")(q, kc, vc, lens),
+                                      step(q, kc, vc, lens))
     torch.testing.assert_close(o, o_eager, rtol=0, atol=0)
     torch.testing.assert_close(lse, lse_eager, rtol=0, atol=0)
     assert torch.isneginf(lse[1]).all() and (o[1] == 0).all()

@@ -9,12 +9,13 @@ import urllib.parse
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, need_module
 from flashlib.__main__ import main
 from flashlib.tools.publish import (PLACEHOLDER, check, colab_links, repo_url, set_repo, setup_cell,
                                     validate_url)
 
-yaml = pytest.importorskip("yaml")      # a jupyter-book dependency: the reference reader of the config
+need_module("yaml")                     # a jupyter-book dependency: the reference reader of the config
+import yaml  # noqa: E402
 
 
 def _copy(tmp_path):

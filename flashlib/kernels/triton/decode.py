@@ -106,7 +106,7 @@ def split_block_m(cfg_block_m: int, group: int, NQ: int) -> int:
 
     Tested in: tests/kernels/triton/test_triton_spec.py.
     """
-    return max(16, min(cfg_block_m, triton.next_power_of_2(group * NQ)))
+    return max(16, min(cfg_block_m, kit.next_pow2(group * NQ)))
 
 
 def grid_split(B: int, HKV: int, group: int, NQ: int, block_m: int, num_splits: int) -> tuple[int]:
@@ -116,7 +116,7 @@ def grid_split(B: int, HKV: int, group: int, NQ: int, block_m: int, num_splits: 
 
     Tested in: tests/kernels/triton/test_triton_spec.py.
     """
-    return flat_grid(B * HKV, triton.cdiv(group * NQ, block_m), num_splits)
+    return flat_grid(B * HKV, kit.ceil_div(group * NQ, block_m), num_splits)
 
 
 def grid_combine(B: int, H: int, NQ: int) -> tuple[int]:
@@ -160,7 +160,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
     B, H, NQ, D = q.shape
     HKV = k_cache.shape[1]
     group = H // HKV
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = kit.block_d(D)
     n_rows = B * H * NQ
     # one split: the split kernel's output is the answer (o in q's dtype, contiguous like the partials)
     o_part = torch.empty((num_splits, n_rows, D), device=q.device,
@@ -177,5 +177,5 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
     o = torch.empty_like(q)
     lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
     COMBINE_SPEC.launch(OP=o_part, LP=lse_part, O=o, LSE=lse, n_rows=n_rows, H=H, NQ=NQ, N_SPLITS=num_splits,
-                        D=D, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d)
+                        D=D, BLOCK_S=max(2, kit.next_pow2(num_splits)), BLOCK_D=block_d)
     return o, lse

@@ -70,6 +70,15 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for n <= 1), as triton.next_power_of_2.
+    Explained in: notebooks/07_triton.
+
+    Tested in: tests/kernels/triton/test_triton_host.py.
+    """
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def block_d(d: int) -> int:
     """The head-dim tile the kernels use for head dim ``d``: the next power of two >= d, at least 16
     (tl.arange and tl.dot need a power of two >= 16; loads mask the padding).
@@ -77,7 +86,7 @@ def block_d(d: int) -> int:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_host.py.
     """
-    return max(16, 1 << (d - 1).bit_length())
+    return max(16, next_pow2(d))
 
 
 @triton.jit

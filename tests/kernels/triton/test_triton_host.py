@@ -150,6 +150,7 @@ def test_the_launch_passes_what_the_kernel_takes(monkeypatch):
 def test_host_integer_helpers_are_tritons():
     for a in range(1, 300):
         assert kit.block_d(a) == max(16, triton.next_power_of_2(a))
+        assert kit.next_pow2(a) == triton.next_power_of_2(a)
         for b in (1, 16, 32, 64, 128):
             assert kit.ceil_div(a, b) == triton.cdiv(a, b)
 
