@@ -9,7 +9,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.flashbook-installed
 
-.PHONY: book test test-lib test-notebooks test-browser test-gpu set-repo clean
+.PHONY: book test test-lib test-notebooks test-browser test-gpu bench-gpu set-repo clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,16 @@ test-gpu:
 	$(GPU_PYTEST) tests/gpu
 	$(GPU_PYTEST) -m "not book" tests
 	$(PY) -m flashlib check
+
+# The speed sweep on a GPU: float16 and bfloat16, d = 64 and 128, causal and not, each run saved under
+# benchmarks/ (one file per run, named by the bench; commit them, then re-execute chapter 7). Each run
+# times flashlib's rows, every SDPA backend and the small call in one process. BENCH_NS picks the lengths.
+BENCH_NS ?= 1024 2048 4096 8192 16384
+bench-gpu:
+	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then $(MAKE) $(STAMP); fi
+	for dtype in float16 bfloat16; do for d in 64 128; do for causal in "" --causal; do \
+	  $(PY) -m flashlib bench --dtype $$dtype --head-dim $$d $$causal --n $(BENCH_NS) --save benchmarks/ --out "" \
+	    || exit 1; done; done; done
 
 # Publishing: make URL the book's repository (README: Publishing). Rewrites _config.yml, every chapter's
 # setup cell and the README; needs only Python and numpy (the venv's Python where there is one).
