@@ -80,7 +80,17 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        grads = _bwd_impl(q, k, v, o, lse, do.contiguous(), *ctx.args)
+        if torch.is_grad_enabled():
+            # create_graph=True. The backends' gradients are constants to autograd (no graph runs through
+            # the kernels), so a second backward through them would silently drop its terms. The
+            # backward op has no autograd formula: differentiating its outputs is then a clear error
+            # ("... flashlib.attention_bwd ... no autograd formula"), as on the op's own way.
+            if not hasattr(torch.library, "custom_op"):       # pragma: no cover - torch < 2.4
+                raise RuntimeError("flashlib.attention has no double backward (create_graph=True): "
+                                   "its backward kernels are not differentiable")
+            grads = attention_bwd(q, k, v, o, lse, do.contiguous(), *ctx.args)
+        else:
+            grads = _bwd_impl(q, k, v, o, lse, do.contiguous(), *ctx.args)
         return (*grads, None, None, None, None, None, None)
 
 

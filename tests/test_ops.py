@@ -209,6 +209,24 @@ def test_the_function_and_the_op_give_bit_identical_gradients(backend, dtype, wa
     assert (results[0][0][:, :, :3] == 0).all() and (results[0][1][:, :, :3] == 0).all()    # o, dq
 
 
+@pytest.mark.parametrize("way", ["function", "op"])
+def test_a_second_backward_is_a_clear_error_not_a_silently_missing_term(way):
+    """A gradient penalty differentiates dq again. The kernels' gradients are constants to autograd, so
+    on either way that must fail, naming the op, rather than return a gradient without the attention
+    term; a backward with create_graph=True that is not differentiated again still works."""
+    q, k, v = make_qkv(B=1, H=2, HKV=1, NQ=7, NK=5, D=8, dtype=torch.float32, seed=3, device=DEVICE)
+    w = torch.ones((), requires_grad=True)
+    context = _PassThrough if way == "op" else contextlib.nullcontext
+    with context():
+        qg = q.clone().requires_grad_()
+        o = flashlib.attention(qg * w, k, v, causal=True, backend="reference")
+        (dq,) = torch.autograd.grad(o.sum(), qg, create_graph=True)
+        assert torch.equal(dq, torch.autograd.grad(flashlib.attention(qg * w, k, v, causal=True,
+                                                                      backend="reference").sum(), qg)[0])
+        with pytest.raises(RuntimeError, match="attention_bwd"):
+            torch.autograd.grad((dq ** 2).sum() + (w ** 2).sum(), w)
+
+
 # ------------------------------------------------------------------- decode: one op for torch.compile
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
