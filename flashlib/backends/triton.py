@@ -97,6 +97,7 @@ def _table_config(blocks):
 
 def _config(blocks):
     """A Config from the caller's (block_q, block_k), or None to let the device's table choose."""
+    blocks = tuple(blocks)                       # hashable for the cache (a list works too)
     return None if blocks == (None, None) else _table_config(blocks)
 
 

@@ -199,3 +199,13 @@ def test_config_candidates_are_worked_out_once_per_spec_and_device(two_gpus, mon
     configs._device_candidates(spec, gpu0, 64, 2)                  # another head dim: worked out anew
     assert worked == ["sm_90", "sm_80", "sm_90"]
     assert configs._device_candidates(spec, torch.device("cpu"), 128, 2) == (configs.INTERPRETER["fwd"],)
+
+
+def test_a_callers_blocks_may_be_a_list_or_a_tuple():
+    """The caller's (block_q, block_k) become a Config once (cached by value): a list is taken as a tuple,
+    and a bad block is still the clear ValueError, every time."""
+    assert backend._config([None, 32]) == backend._config((None, 32)) == configs.Config(32, 32, 4, 1)
+    assert backend._config([None, None]) is None
+    for _ in range(2):
+        with pytest.raises(ValueError, match="backend='triton' needs block_k to be a power of two >= 16"):
+            backend._config([16, 24])
