@@ -101,6 +101,28 @@ def _config(blocks):
     return None if blocks == (None, None) else _table_config(blocks)
 
 
+def _on_q_device(entry):
+    """Run a backend entry point with q's CUDA device current. Triton launches on the *current* device,
+    whatever device the tensors are on, so tensors on cuda:1 while cuda:0 is current would be launched
+    on the wrong GPU (flash-attn guards its kernels the same way). On a CPU, or where q's device is
+    already current (the usual case: one comparison), nothing is changed.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_host.py.
+    """
+    @functools.wraps(entry)
+    def run(q, *args, **kwargs):
+        d = q.device
+        if d.type == "cuda" and d.index is not None:
+            torch = _kernels().torch
+            if d.index != torch.cuda.current_device():
+                with torch.cuda.device(d):
+                    return entry(q, *args, **kwargs)
+        return entry(q, *args, **kwargs)
+    return run
+
+
+@_on_q_device
 def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     """Backend.forward: :func:`flashlib.kernels.triton.fa2_fwd.forward`, or the TMA forward
     (:func:`flashlib.kernels.triton.fa2_fwd_tma.forward`) where :func:`forward_version` says so.
@@ -114,6 +136,7 @@ def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
                                    config=_config(blocks))
 
 
+@_on_q_device
 def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     """Backend.backward: :func:`flashlib.kernels.triton.fa2_bwd.backward`, or with the TMA dK/dV
     (:func:`flashlib.kernels.triton.fa2_bwd_tma.backward`) where :func:`backward_version` says so.
@@ -128,6 +151,7 @@ def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(No
                                     config_dkdv=cfg, config_dq=cfg)
 
 
+@_on_q_device
 def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
     """Backend.decode: :func:`flashlib.kernels.triton.decode.decode` (split-KV, then combine);
     ``cache_seqlens`` None reaches the kernel as None (no lengths tensor is made).

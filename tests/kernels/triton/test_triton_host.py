@@ -209,3 +209,26 @@ def test_a_callers_blocks_may_be_a_list_or_a_tuple():
     for _ in range(2):
         with pytest.raises(ValueError, match="backend='triton' needs block_k to be a power of two >= 16"):
             backend._config([16, 24])
+
+
+def test_each_entry_point_runs_with_q_s_cuda_device_current(monkeypatch):
+    """Triton launches on the current CUDA device: tensors on cuda:1 while cuda:0 is current must be run
+    under torch.cuda.device(cuda:1) (faked here: no GPU needed), and nothing changes otherwise."""
+    import contextlib
+    entered = []
+
+    @contextlib.contextmanager
+    def device(d):
+        entered.append(d)
+        yield
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", device)
+    seen = []
+    run = backend._on_q_device(lambda q, *a, **kw: seen.append((q, a, kw, list(entered))) or "out")
+    on = {name: types.SimpleNamespace(device=torch.device(name)) for name in ("cuda:1", "cuda:0", "cuda", "cpu")}
+    assert run(on["cuda:1"], 2, x=3) == "out" and entered == [torch.device("cuda:1")]
+    assert seen[-1] == (on["cuda:1"], (2,), {"x": 3}, [torch.device("cuda:1")])    # ran inside the guard
+    for name in ("cuda:0", "cuda", "cpu"):                                        # already current, or CPU
+        assert run(on[name]) == "out" and entered == [torch.device("cuda:1")]
+    for entry in (backend.forward, backend.backward, backend.decode):
+        assert entry.__wrapped__.__module__ == backend.__name__                  # every entry is guarded
