@@ -3,7 +3,8 @@
 Triton launches on the *current* CUDA device, whatever device the tensors live on, so the Triton backend
 runs each entry point under ``torch.cuda.device(q.device)`` (flashlib.backends.triton._on_q_device; its
 logic is tested on a CPU in tests/kernels/triton/test_triton_host.py). Here, with cuda:0 current, inputs
-on the last GPU must give the same bits as the same inputs on cuda:0, forward, backward and decode, and
+on the last GPU must give the same bits as the same inputs on cuda:0 (the same GPU model; close in fp16
+otherwise), forward, backward and decode, and
 the outputs must live on the inputs' GPU. A one-GPU machine skips, saying so.
 """
 from __future__ import annotations
@@ -34,6 +35,10 @@ def test_inputs_on_another_gpu_run_there_and_match_the_current_gpu():
     other = torch.device("cuda", torch.cuda.device_count() - 1)
     here, there = _run(torch.device("cuda", 0)), _run(other)
     assert torch.cuda.current_device() == 0                       # the caller's device is left as it was
+    same_model = torch.cuda.get_device_name(0) == torch.cuda.get_device_name(other)
     for a, b in zip(here, there):
         assert b.device == other
-        assert torch.equal(a, b.to(a.device))
+        if same_model:                  # the same kernels and configs: the same bits
+            assert torch.equal(a, b.to(a.device))
+        else:                           # another GPU model may pick other tiles: fp16 rounding apart
+            torch.testing.assert_close(b.to(a.device), a, atol=2e-2, rtol=2e-2)
