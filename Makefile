@@ -52,12 +52,18 @@ test-gpu:
 # The speed sweep on a GPU: float16 and bfloat16, d = 64 and 128, causal and not, each run saved under
 # benchmarks/ (one file per run, named by the bench; commit them, then re-execute chapter 7). Each run
 # times flashlib's rows, every SDPA backend and the small call in one process. BENCH_NS picks the lengths.
+# Then decode alone at a Llama-like shape (one sequence, 32 query heads on 8 kv heads, d = 128) out to
+# DECODE_NS cached tokens.
 BENCH_NS ?= 1024 2048 4096 8192 16384
+DECODE_NS ?= 4096 16384 65536 131072
 bench-gpu:
 	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then $(MAKE) $(STAMP); fi
 	for dtype in float16 bfloat16; do for d in 64 128; do for causal in "" --causal; do \
 	  $(PY) -m flashlib bench --dtype $$dtype --head-dim $$d $$causal --n $(BENCH_NS) --save benchmarks/ --out "" \
 	    || exit 1; done; done; done
+	for dtype in float16 bfloat16; do \
+	  $(PY) -m flashlib bench --only decode --dtype $$dtype --batch 1 --heads 32 --kv-heads 8 --head-dim 128 \
+	    --n $(DECODE_NS) --no-small --save benchmarks/ --out "" || exit 1; done
 
 # Publishing: make URL the book's repository (README: Publishing). Rewrites _config.yml, every chapter's
 # setup cell and the README; needs only Python and numpy (the venv's Python where there is one).

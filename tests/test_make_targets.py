@@ -27,17 +27,24 @@ def _make(tmp_path, fail_on=None, **variables):
 
 
 def test_bench_gpu_sweeps_dtypes_head_dims_and_causal_saving_each_run(tmp_path):
-    r, calls = _make(tmp_path, BENCH_NS="16 32")
+    r, calls = _make(tmp_path, BENCH_NS="16 32", DECODE_NS="64 128")
     assert r.returncode == 0, r.stderr
     want = {(dtype, d, causal) for dtype, d, causal in
             itertools.product(("float16", "bfloat16"), ("64", "128"), (False, True))}
-    got = set()
+    got, decode = set(), []
     for call in calls:
         words = call.split()
-        assert words[:2] == ["-m", "flashlib"] and words[2] == "bench", call
-        assert words[words.index("--save") + 1] == "benchmarks/" and words[words.index("--n") + 1:][:2] == ["16", "32"]
+        assert words[:3] == ["-m", "flashlib", "bench"] and words[words.index("--save") + 1] == "benchmarks/", call
+        if "--only" in words:                              # the decode sweep: a Llama-like GQA shape
+            assert words[words.index("--only") + 1] == "decode" and "--no-small" in words, call
+            assert [words[words.index(f) + 1] for f in ("--batch", "--heads", "--kv-heads", "--head-dim")] == \
+                ["1", "32", "8", "128"], call
+            assert words[words.index("--n") + 1:][:2] == ["64", "128"], call
+            decode.append(words[words.index("--dtype") + 1])
+            continue
+        assert words[words.index("--n") + 1:][:2] == ["16", "32"], call
         got.add((words[words.index("--dtype") + 1], words[words.index("--head-dim") + 1], "--causal" in words))
-    assert len(calls) == 8 and got == want
+    assert len(calls) == 10 and got == want and decode == ["float16", "bfloat16"]
 
 
 def test_bench_gpu_stops_at_the_first_failing_run(tmp_path):

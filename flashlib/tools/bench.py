@@ -39,7 +39,7 @@ import sys
 import warnings
 from typing import Callable
 
-__all__ = ["SCHEMA", "SMALL_SHAPE", "SMALL_TIMES", "SDPA_BACKENDS", "FLASHLIB_IMPLS", "TRITON_KERNELS",
+__all__ = ["SCHEMA", "SMALL_SHAPE", "SMALL_TIMES", "NOT_ASKED", "SDPA_BACKENDS", "FLASHLIB_IMPLS", "TRITON_KERNELS",
            "CUDA_NO_BACKWARD", "host_timer", "small_ratios",
            "TMA_NO_DECODE", "TMA_REFUSED", "attention_flops", "decode_bytes", "environment", "triton_kernels", "run",
            "ratios", "save", "load", "result_name", "plot", "plot_file", "main"]
@@ -66,6 +66,9 @@ TMA_NO_DECODE = ("not timed: the TMA kernels are a forward and a dK/dV; the deco
                  "in row 'flashlib'")
 TMA_REFUSED = ("the TMA kernels do not take these tensors (versions 1 and 2, which FLASHLIB_TRITON_FWD/BWD=tma "
                "run instead, are row 'flashlib')")
+# config["sdpa_kv"] in a GQA run: how each SDPA row got K and V (see _sdpa_native_gqa)
+SDPA_KV = {True: "enable_gqa", False: "expanded"}
+NOT_ASKED = "not timed: not asked for (run(only=...), --only)"
 # plot: the line style of each of flashlib's rows against SDPA (bottom panels)
 LINESTYLES = {"flashlib": "-", "flashlib-tma": "-.", "flashlib-cuda": "--"}
 TIMES = ("fwd_ms", "bwd_ms", "decode_ms")          # what a row measures, in milliseconds per call
@@ -115,15 +118,21 @@ def _naive(q, k, v, causal):
     return torch.softmax(s, -1) @ v
 
 
-def _sdpa(q, k, v, causal):
+def _sdpa(q, k, v, causal, gqa=False):
     """torch's SDPA with flashlib's semantics (GQA, bottom-right causal), with the fewest masks: fused
-    backends refuse an explicit mask, so one is passed only where no flag says the same."""
+    backends refuse an explicit mask, so one is passed only where no flag says the same. GQA: K and V
+    are read as they are with ``gqa=True`` (SDPA's ``enable_gqa``, torch >= 2.5), else expanded to every
+    query head here."""
+    import functools
+
     import torch
     g = q.shape[1] // k.shape[1]
-    if g > 1:
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if g > 1 and gqa:
+        sdpa = functools.partial(sdpa, enable_gqa=True)
+    elif g > 1:
         k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     nq, nk = q.shape[2], k.shape[2]
-    sdpa = torch.nn.functional.scaled_dot_product_attention
     if not causal or nq == 1:   # bottom-right: a single query row (decoding) sees every key
         return sdpa(q, k, v)
     if nq == nk:                # SDPA's is_causal is top-left aligned: the same only when Nq == Nk
@@ -237,8 +246,8 @@ def _time_impl(timer, fn, dec, qkv_do, context, refusals, untimed=None) -> tuple
     for key, call in calls.items():
         if key in why:
             continue
-        if key == "bwd_ms" and times["fwd_ms"] is None:
-            why[key] = "not timed: the forward has no time"
+        if key == "bwd_ms" and times["fwd_ms"] is None and why.get("fwd_ms") != NOT_ASKED:
+            why[key] = "not timed: the forward has no time"        # refused or out of memory: so is this
             continue
         with context(), (torch.no_grad() if key == "decode_ms" else torch.enable_grad()):
             times[key], reason = _measure(call, refusals)
@@ -325,7 +334,7 @@ def _with_throughput(row: dict, config: dict) -> dict:
 
 def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype="float16", causal=False,
         device="cuda", timer: Callable | None = None, progress=True, cuda=True, tma=True,
-        small: tuple | None = None, small_timer: Callable | None = None) -> dict:
+        small: tuple | None = None, small_timer: Callable | None = None, only=TIMES) -> dict:
     """Time forward, backward and decode of "flashlib" (the Triton kernels, versions 1 and 2),
     "flashlib-tma" (the TMA forward and the TMA dK/dV: tensor descriptors; no decode; unless
     ``tma=False``), "flashlib-cuda" (the CUDA C++ kernels; unless ``cuda=False``), torch SDPA forced to
@@ -342,9 +351,14 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
     (float32, a head dim that is not a multiple of 8: the reason of
     flashlib.kernels.triton.fa2_fwd_tma.supported; versions 1 and 2 are never timed in their place). Each
     Triton row sets ``FLASHLIB_TRITON_FWD`` and ``FLASHLIB_TRITON_BWD`` around its own calls only
-    (:data:`TRITON_KERNELS`, :func:`triton_kernels`). SDPA gets K and V already expanded to H heads (outside the
-    timing). ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench`` (median); tests pass another to
+    (:data:`TRITON_KERNELS`, :func:`triton_kernels`). With GQA, each SDPA backend that takes SDPA's
+    ``enable_gqa`` reads K and V as flashlib does; one that does not gets them expanded to H heads
+    (outside the timing); ``config["sdpa_kv"]`` records which (:data:`SDPA_KV`). ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench`` (median); tests pass another to
     run the plumbing on a CPU at tiny sizes.
+
+    ``only``: the times to measure (a subset of :data:`TIMES`; the others are null with
+    :data:`NOT_ASKED`), e.g. ``("decode_ms",)`` for a decode sweep to 128k cached tokens, where a forward
+    and backward at that length would take most of the run.
 
     ``small=(B, H, N, d)`` (``python -m flashlib bench`` passes :data:`SMALL_SHAPE`) also times one small
     call of every implementation in the run's dtype with ``small_timer`` (default :func:`host_timer`:
@@ -366,6 +380,11 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
         raise TypeError(f"run: cuda must be a bool (time the 'flashlib-cuda' row or not), got {cuda!r}")
     if not isinstance(tma, bool):
         raise TypeError(f"run: tma must be a bool (time the 'flashlib-tma' row or not), got {tma!r}")
+    only = (only,) if isinstance(only, str) else only
+    if (not isinstance(only, (tuple, list)) or not only or not all(isinstance(t, str) for t in only)
+            or not set(only) <= set(TIMES)):
+        raise ValueError(f"run: only must be a non-empty subset of {TIMES}, got {only!r}")
+    not_asked = {t: NOT_ASKED for t in TIMES if t not in only}
     if timer is None:
         from triton.testing import do_bench
         timer = lambda fn: do_bench(fn, return_mode="median")            # noqa: E731
@@ -383,9 +402,12 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
         why_not = cuda_kernels.backward_supported(torch.empty(1, 1, 1, head_dim, dtype=dt, device=device))
         if why_not is not None:
             untimed["flashlib-cuda"] = {"bwd_ms": f"{CUDA_NO_BACKWARD} ({why_not})"}
+    native = _sdpa_native_gqa(sdpa, heads, kv_heads, head_dim, dt, device, causal)
+    if group > 1:
+        config["sdpa_kv"] = {name: SDPA_KV[g] for name, g in native.items()}
     attend = {**{name: lambda a, b, c, be=be: flashlib.attention(a, b, c, causal=causal, backend=be)
                  for name, be in mine.items()},
-              **{name: lambda a, b, c: _sdpa(a, b, c, causal) for name in SDPA_BACKENDS},
+              **{name: lambda a, b, c, g=native[name]: _sdpa(a, b, c, causal, gqa=g) for name in SDPA_BACKENDS},
               "naive": lambda a, b, c: _naive(a, b, c, causal)}
     rows = []
     if progress:                                     # tqdm only where a bar is drawn: a bare GPU Python
@@ -400,15 +422,16 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
         v = torch.randn(batch, kv_heads, n, head_dim, device=device, dtype=dt, generator=gen)
         do = torch.randn_like(q)
         q1 = q[:, :, -1:].contiguous()                                                       # (B, H, 1, d)
-        expanded = (k, v) if group == 1 else (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+        expanded = ((k, v) if group == 1 or all(native.values())      # (B, H, N, d) for SDPA rows without GQA
+                    else (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)))
         for name, fn in attend.items():
-            kk, vv = expanded if name in SDPA_BACKENDS else (k, v)
+            kk, vv = expanded if name in SDPA_BACKENDS and not native[name] else (k, v)
             if name in mine:
                 dec = lambda be=mine[name]: flashlib.decode(q1, k, v, backend=be)       # noqa: E731
             else:
                 dec = lambda: fn(q1, kk, vv)                                               # noqa: E731
             context, why_not = _context(name, sdpa)
-            skip = dict(untimed.get(name, {}))
+            skip = {**not_asked, **untimed.get(name, {})}
             if name == "flashlib-tma" and (tma_why := fa2_fwd_tma.supported(q, k, v, do)) is not None:
                 skip["fwd_ms"] = f"{TMA_REFUSED}: {tma_why}"[:_WHY_MAX]   # not versions 1/2 under its name
             if why_not:
@@ -423,6 +446,31 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
         results["small"] = _small_calls(small, small_timer or host_timer, attend, sdpa, dt, device,
                                         {name: untimed.get(name, {}) for name in attend}, tma)
     return results
+
+
+def _sdpa_native_gqa(sdpa, heads, kv_heads, head_dim, dt, device, causal) -> dict:
+    """``{SDPA row: whether it reads GQA's K and V as they are}``: where the forced backend takes SDPA's
+    ``enable_gqa`` (asked once, on a tiny call), it gets K and V with ``kv_heads`` heads, as flashlib
+    does, so a decode step of either reads the same bytes; elsewhere (an older torch, a backend that
+    refuses it) K and V are expanded to every query head before timing. MHA: nothing to ask."""
+    import torch
+    native = dict.fromkeys(SDPA_BACKENDS, False)
+    if kv_heads == heads:
+        return native
+    q = torch.zeros(1, heads, 1, head_dim, device=device, dtype=dt)        # (1, H, 1, d)
+    kv = torch.zeros(1, kv_heads, 16, head_dim, device=device, dtype=dt)   # (1, Hkv, 16, d)
+    for name in SDPA_BACKENDS:
+        context, why_not = _context(name, sdpa)
+        if why_not:
+            continue
+        try:
+            with context(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")              # a refusal's warnings: kept where it is timed
+                _sdpa(q, kv, kv, causal, gqa=True)
+            native[name] = True
+        except (RuntimeError, TypeError):                    # refused, or a torch without enable_gqa
+            pass
+    return native
 
 
 def _context(name, sdpa):
@@ -497,6 +545,10 @@ def _check_config(config, source) -> None:
         _fail(source, "config.causal", "a bool", config.get("causal"))
     if not isinstance(config.get("timer"), str) or not config["timer"]:
         _fail(source, "config.timer", "the timer's name", config.get("timer"))
+    kv = config.get("sdpa_kv")
+    if kv is not None and (not isinstance(kv, dict) or not set(kv) <= set(SDPA_BACKENDS)
+                           or not set(kv.values()) <= set(SDPA_KV.values())):
+        _fail(source, "config.sdpa_kv", f"{{SDPA row: one of {sorted(SDPA_KV.values())}}}", kv)
 
 
 def _check_environment(env, source) -> None:
@@ -830,7 +882,7 @@ def main(args) -> int:
             return 2
     results = run(args.n, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
                   dtype=args.dtype, causal=args.causal, cuda=not args.no_cuda, tma=not args.no_tma,
-                  small=None if args.no_small else SMALL_SHAPE,
+                  small=None if args.no_small else SMALL_SHAPE, only=tuple(f"{t}_ms" for t in args.only),
                   progress=importlib.util.find_spec("tqdm") is not None)   # a bare GPU Python may lack it
     print(format_results(results))
     if args.save:
@@ -860,6 +912,9 @@ def add_arguments(parser) -> None:
                         help="skip the 'flashlib-cuda' row (the CUDA C++ kernels)")
     parser.add_argument("--no-tma", action="store_true",
                         help="skip the 'flashlib-tma' row (the Triton TMA kernels: tensor descriptors)")
+    parser.add_argument("--only", nargs="+", choices=("fwd", "bwd", "decode"), default=["fwd", "bwd", "decode"],
+                        help="time only these (e.g. --only decode for long KV caches); the others are null, "
+                             "with the reason")
     parser.add_argument("--no-small", action="store_true",
                         help=f"skip the small call (B, H, N, d = {SMALL_SHAPE}: host overhead against SDPA)")
     parser.add_argument("--out", default="flashlib-bench.png", help="plot file ('' for none)")

@@ -67,8 +67,11 @@ def test_the_file_names_this_gpu_these_versions_and_the_config(saved):
     import triton
     assert env["triton"] == triton.__version__ and env["driver"]
     assert env["commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}", env["commit"])
-    assert res["config"] == dict(ns=list(NS), batch=B, heads=H, kv_heads=HKV, head_dim=D, dtype="float16",
-                                 causal=True, timer=bench.DEFAULT_TIMER)
+    config = dict(res["config"])
+    kv = config.pop("sdpa_kv")           # GQA (4 heads on 2): how each SDPA backend got K and V here
+    assert set(kv) == set(bench.SDPA_BACKENDS) and set(kv.values()) <= set(bench.SDPA_KV.values()), kv
+    assert config == dict(ns=list(NS), batch=B, heads=H, kv_heads=HKV, head_dim=D, dtype="float16",
+                          causal=True, timer=bench.DEFAULT_TIMER)
 
 
 def test_flashlib_and_every_sdpa_backend_that_takes_the_shape_have_positive_times(saved):

@@ -87,8 +87,11 @@ def test_run_and_plot_plumbing(tmp_path):
             if r["impl"] in ("sdpa-efficient", "sdpa-cudnn"):
                 assert r["fwd_ms"] is None and "RuntimeError" in r["why"]["fwd_ms"]
                 assert r["why"]["bwd_ms"] == "not timed: the forward has no time"
+    kv = res["config"].pop("sdpa_kv")                  # GQA (2 heads on 1): how each SDPA row got K and V
+    assert set(kv) == set(bench.SDPA_BACKENDS) and set(kv.values()) <= {"enable_gqa", "expanded"}
     assert res["config"] == dict(ns=[16, 24], batch=1, heads=2, kv_heads=1, head_dim=16, dtype="float32",
                                  causal=False, timer="test_run_and_plot_plumbing.<locals>.<lambda>")
+    res["config"]["sdpa_kv"] = kv
     assert res["environment"]["device"] == ("cpu" if DEVICE == "cpu" else torch.cuda.get_device_name(0))
     path = tmp_path / "bench.png"
     bench.plot(res, path)
@@ -545,3 +548,37 @@ def test_save_into_a_folder_names_the_file(monkeypatch, tmp_path, capsys):
         assert cli_main(["bench", "--n", "64", "--out", "", "--save", str(not_json)]) == 2
         assert "expected FILE.json or an existing folder" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == [want.name]
+
+
+def test_run_times_only_what_it_is_asked_for():
+    """--only decode (a sweep to long caches) leaves forward and backward null with NOT_ASKED; --only bwd
+    times the backward although no forward time was asked for (a refused forward still stops it)."""
+    decode_only = bench.run([16], batch=1, heads=2, head_dim=16, dtype="float16", device=DEVICE, cuda=False,
+                            timer=lambda fn: 1.0, progress=False, only=("decode_ms",))
+    for r in decode_only["rows"]:
+        assert r["fwd_ms"] is None and r["why"]["fwd_ms"] == bench.NOT_ASKED, r
+        assert r["bwd_ms"] is None and r["why"]["bwd_ms"] == bench.NOT_ASKED, r
+        if r["impl"] != "flashlib-tma":                     # its decode is row flashlib's
+            assert r["decode_ms"] == 1.0, r                 # (the fake timer runs nothing: none refuses)
+    bwd_only = bench.run([16], batch=1, heads=2, head_dim=16, dtype="float32", device=DEVICE, cuda=False,
+                         timer=lambda fn: 1.0, progress=False, only=["bwd_ms"])
+    rows = {r["impl"]: r for r in bwd_only["rows"]}
+    assert rows["flashlib"]["bwd_ms"] == 1.0 and rows["flashlib"]["why"] == {
+        "fwd_ms": bench.NOT_ASKED, "decode_ms": bench.NOT_ASKED}
+    tma = rows["flashlib-tma"]                              # float32: refused, so its backward is not timed
+    assert tma["why"]["fwd_ms"].startswith(bench.TMA_REFUSED) and tma["bwd_ms"] is None
+    assert "- " in bench.format_results(bwd_only)
+    for bad in ((), ("fwd",), "everything", ("fwd_ms", 3)):
+        with pytest.raises(ValueError, match=r"run: only must be a non-empty subset of \('fwd_ms'"):
+            bench.run([16], device=DEVICE, only=bad, timer=lambda fn: 1.0, progress=False)
+
+
+def test_the_command_passes_only(monkeypatch):
+    got, made_up = [], synthetic_results()
+    made_up["rows"] = [bench._with_throughput(r, made_up["config"]) for r in made_up["rows"]]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "run", lambda *a, **kw: got.append(kw) or made_up)
+    assert cli_main(["bench", "--n", "64", "--out", "", "--only", "decode"]) == 0
+    assert got[-1]["only"] == ("decode_ms",)
+    assert cli_main(["bench", "--n", "64", "--out", ""]) == 0
+    assert got[-1]["only"] == bench.TIMES

@@ -178,3 +178,48 @@ def test_the_command_runs_without_tqdm_and_matplotlib(monkeypatch, capsys, tmp_p
     assert cli_main(["bench", "--n", "64", "--out", str(tmp_path / "p.png")]) == 0
     assert got[-1]["progress"] is (real("tqdm") is not None)           # with them: the bar and the plot
     assert (tmp_path / "p.png").exists() is (real("matplotlib") is not None)
+
+
+def test_sdpa_reads_gqa_k_and_v_as_they_are_where_its_backend_takes_enable_gqa(monkeypatch):
+    """A GQA run (4 query heads on 1 kv head): each SDPA row that takes enable_gqa gets K and V with one
+    head, as flashlib does, so a decode step of both reads the same bytes; the others get K and V
+    expanded to 4 heads before timing. config["sdpa_kv"] says which, and a file keeps it."""
+    import torch.nn.functional as F
+    real, seen = F.scaled_dot_product_attention, []
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((k.shape[1], kwargs.get("enable_gqa", False)))
+        return real(q, k, v, *args, **kwargs)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    timed = []                                   # the SDPA calls inside each timed call, in order
+
+    def timer(fn):
+        seen.clear()
+        fn()
+        timed.append(list(seen))
+        return 1.0
+    res = bench.run([16], batch=1, heads=4, kv_heads=1, head_dim=16, dtype="float32", device=DEVICE,
+                    cuda=False, tma=False, progress=False, timer=timer)
+    kv = res["config"]["sdpa_kv"]
+    assert set(kv) == set(bench.SDPA_BACKENDS)
+    sdpa_calls = [calls for calls in timed if calls]     # flashlib's and naive's timed calls make none
+    if DEVICE == "cpu":   # torch's CPU flash kernel takes enable_gqa; cuDNN and efficient are CUDA-only (refused)
+        assert kv == {"sdpa-flash": "enable_gqa", "sdpa-cudnn": "expanded", "sdpa-efficient": "expanded"}
+        assert sdpa_calls == [[(1, True)], [(1, True)]]  # sdpa-flash's forward and decode: one kv head
+    else:
+        wanted = [(1, True) if mode == "enable_gqa" else (4, False) for mode in kv.values()]
+        assert all(call in wanted for calls in sdpa_calls for call in calls), sdpa_calls
+    mha = bench.run([16], batch=1, heads=2, head_dim=16, dtype="float32", device=DEVICE, cuda=False, tma=False,
+                    progress=False, timer=lambda fn: 1.0)
+    assert "sdpa_kv" not in mha["config"]                  # MHA: nothing to say
+
+
+@pytest.mark.parametrize("kv", [{"sdpa-fast": "expanded"}, {"sdpa-flash": "copied"}, "expanded"])
+def test_load_refuses_a_bad_sdpa_kv(tmp_path, kv):
+    from test_bench import synthetic_results
+    results = synthetic_results()
+    results["config"]["sdpa_kv"] = kv
+    with pytest.raises(ValueError, match="results: config.sdpa_kv must be"):
+        bench.save(results, tmp_path / "never.json")
+    results["config"]["sdpa_kv"] = {"sdpa-flash": "enable_gqa", "sdpa-cudnn": "expanded"}
+    assert bench.load(bench.save(results, tmp_path / "ok.json"))["config"]["sdpa_kv"] == results["config"]["sdpa_kv"]
