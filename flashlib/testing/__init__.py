@@ -18,7 +18,7 @@ from ..ladder.masks import causal_mask
 
 __all__ = ["reference", "reference_backward", "random_qkv", "max_error", "assert_close",
            "reference_gqa", "plain_torch_attention", "assert_fa_rule", "assert_attention_right",
-           "ADVERSARIAL_SHAPES"]
+           "rounding_floor", "ROUNDING", "ADVERSARIAL_SHAPES"]
 
 # (Nq, Nk, d): lengths that are multiples of no block, Nq != Nk both ways, N = 1, odd head dims,
 # and causal cases with fully-masked rows (Nq > Nk).
@@ -198,14 +198,43 @@ def plain_torch_attention(q, k, v, *, causal=False, scale=None):
     return p @ v
 
 
+ROUNDING = "rounding"     # a floor of assert_fa_rule: flash-attn's own atol, see rounding_floor
+
+
+def rounding_floor(expected, dtype) -> float:
+    """The absolute slack flash-attn's test suite adds to its rule (``tests/test_flash_attn.py``:
+    ``2 * (ref + 0.3 - 0.3 - ref).abs().max()`` with ``ref`` in the inputs' dtype): twice the rounding
+    error of values of ``expected``'s magnitude in ``dtype``, each operation rounded to ``dtype``.
+    It grows with the values, as rounding does: a gradient of magnitude 3 in bfloat16 carries errors
+    near 2^-6 that no implementation avoids (FlashAttention-2's D = rowsum(dO * O) reads the rounded O).
+    Explained in: notebooks/07_triton.
+
+    Tested in: tests/testing/test_testing.py.
+    """
+    import torch
+
+    def rounded(x):                                     # x (float64) rounded to dtype, back in float64
+        return x.to(dtype).double()
+    # Each step exact in float64, then rounded: the same on every device (a CPU kernel would round the
+    # scalar 0.3 to dtype first, where CUDA keeps it in float32).
+    ref = rounded(torch.as_tensor(_np64(expected)))
+    return 2 * rounded(rounded(rounded(ref + 0.3) - 0.3) - ref).abs().max().item()
+
+
 def assert_fa_rule(actual, baseline, expected, *, factor=2.0, floor=0.0, name="value"):
     """FlashAttention's rule: ``max|actual - expected| <= factor * max|baseline - expected| + floor``.
 
     ``baseline`` is a plain same-dtype implementation (:func:`plain_torch_attention`), ``expected``
-    the float64 oracle. Returns ``(error, baseline_error)``. Explained in: notebooks/07_triton.
+    the float64 oracle; ``floor`` a number, or :data:`ROUNDING` for flash-attn's own slack
+    (:func:`rounding_floor` of ``expected`` in ``actual``'s dtype). Returns ``(error, baseline_error)``.
+    Explained in: notebooks/07_triton.
 
     Tested in: tests/kernels/cuda/test_cuda_kernels.py.
     """
+    if isinstance(floor, str):
+        if floor != ROUNDING:
+            raise ValueError(f"floor must be a number or {ROUNDING!r}, got {floor!r}")
+        floor = rounding_floor(expected, actual.dtype)
     err, base = max_error(_np64(actual), expected), max_error(_np64(baseline), expected)
     if not err <= factor * base + floor:
         raise AssertionError(f"{name}: max error {err:.3e} exceeds {factor}x the plain same-dtype "
@@ -220,7 +249,8 @@ def assert_attention_right(q, k, v, do, *, causal=False, o=None, lse=None, grads
     ``grads = (dq, dk, dv)`` are what the implementation returned (None: not checked). float32: o and
     lse within 2e-5, gradients within 1e-4 (absolute and relative). float16/bfloat16: FlashAttention's
     rule — at most 2x (o) or 3x (gradients) the error of :func:`plain_torch_attention` in the same
-    dtype, plus ``floor`` (for baselines that are exact, e.g. dQ = 0 at Nq = Nk = 1) — and lse (float32
+    dtype, plus ``floor`` (for baselines that are exact, e.g. dQ = 0 at Nq = Nk = 1; :data:`ROUNDING`:
+    flash-attn's own slack, per quantity) — and lse (float32
     sums of 16-bit products) within 2e-2. Returns a one-line note; raises AssertionError naming the
     first quantity out of bounds. Explained in: notebooks/07_triton.
 

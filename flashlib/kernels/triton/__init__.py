@@ -76,6 +76,44 @@ def interpreting() -> bool:
 INTERPRET: bool = interpreting()
 
 
+def _round_bfloat16_as_a_gpu_does() -> None:
+    """In the interpreter, round float32 -> bfloat16 to nearest even, as compiled code does.
+
+    A compiled ``x.to(tl.bfloat16)`` rounds to nearest even (``cvt.rn.bf16.f32``; Triton's default
+    downcast rounding, triton PR 2795). Triton's interpreter (3.x, ``_convert_float``) instead drops the
+    low 16 bits unless asked for RTNE: round toward zero. Every bfloat16 result of an interpreted kernel
+    then lands up to one ulp below the GPU's, a bias that FlashAttention's error rule sees (an output of
+    2.124 stored as 2.109 instead of 2.125). Only that one conversion is replaced, by torch's (which
+    rounds to nearest even); every other conversion, and an explicit ``fp_downcast_rounding="rtz"``,
+    stays Triton's own.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_kit.py.
+    """
+    import numpy as np
+    import torch
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+    if getattr(original, "rounds_bfloat16_to_nearest", False):
+        return
+
+    def convert(input, input_dtype, output_dtype, rounding_mode):
+        if (input_dtype == tl.float32 and output_dtype == tl.bfloat16
+                and rounding_mode in (None, ir.ROUNDING_MODE.RTNE)):
+            x = torch.from_numpy(np.ascontiguousarray(input).view(np.float32))
+            return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(input.shape)
+        return original(input, input_dtype, output_dtype, rounding_mode)
+    convert.rounds_bfloat16_to_nearest = True
+    convert.triton_original = original
+    interpreter._convert_float = convert
+
+
+if INTERPRET:
+    _round_bfloat16_as_a_gpu_does()
+
+
 def check_tensors(*tensors) -> None:
     """Refuse tensors this process cannot run Triton kernels on, saying what to do instead.
 

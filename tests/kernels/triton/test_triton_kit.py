@@ -95,3 +95,34 @@ def test_named_constants_and_no_bare_literals_in_the_kernels():
         text = path.read_text()
         for literal in ("1.4426950408", "0.6931471805", "1.442695", "0.693147"):
             assert literal not in text, f"{path.name}: {literal} — use kit.LOG2E / kit.LN2"
+
+
+@triton.jit
+def _to_bfloat16(X, Y, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(Y + offs, tl.load(X + offs).to(tl.bfloat16))
+
+
+def test_float32_to_bfloat16_rounds_to_nearest_even_as_on_a_gpu():
+    """A kernel's x.to(tl.bfloat16) gives torch's bits (round to nearest even, as cvt.rn.bf16.f32): ties
+    both ways, values just above and below a half ulp, negatives, subnormals, inf and nan. In the
+    interpreter this is flashlib's replacement of Triton's conversion, which truncates (checked below)."""
+    ulp = 2.0 ** -7                                     # bfloat16's spacing in [1, 2)
+    special = [1 + ulp / 2, 1 + 3 * ulp / 2, 1 + ulp / 2 + 2 ** -20, 1 + ulp / 2 - 2 ** -20, 2.124258,
+               -2.124258, 1e-40, -3e-39, float("inf"), float("-inf"), 3.3e38, 0.0, -0.0]
+    x = torch.cat([torch.tensor(special), torch.randn(256 - len(special), generator=torch.Generator().manual_seed(0))])
+    x = x.to(DEVICE, torch.float32)
+    y = torch.empty(256, dtype=torch.bfloat16, device=DEVICE)
+    _to_bfloat16[(1,)](x, y, N=256)
+    want = x.to(torch.bfloat16)
+    assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+    assert y[4].item() == 2.125                         # the FlashAttention-rule case: not 2.109375
+    nan = torch.tensor([float("nan")] * 16, device=DEVICE)
+    ynan = torch.empty(16, dtype=torch.bfloat16, device=DEVICE)
+    _to_bfloat16[(1,)](nan, ynan, N=16)
+    assert ynan.isnan().all()
+    if DEVICE == "cpu":                                 # why the replacement: Triton's own truncates
+        from triton.runtime import interpreter
+        original = interpreter._convert_float.triton_original
+        bits = original(np.array([2.124258], dtype=np.float32), tl.float32, tl.bfloat16, None)
+        assert torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).item() == 2.109375
