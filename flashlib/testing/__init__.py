@@ -212,6 +212,8 @@ def rounding_floor(expected, dtype) -> float:
     Tested in: tests/testing/test_testing.py.
     """
     import torch
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"rounding_floor: dtype must be a torch floating dtype (e.g. torch.bfloat16), got {dtype!r}")
 
     def rounded(x):                                     # x (float64) rounded to dtype, back in float64
         return x.to(dtype).double()

@@ -221,6 +221,11 @@ def host_timer(fn: Callable, calls: int = 200, repeats: int = 7) -> float:
     import time
 
     import torch
+    if not callable(fn):
+        raise TypeError(f"host_timer: fn must be a callable taking no arguments, got {type(fn).__name__}")
+    for name, value in (("calls", calls), ("repeats", repeats)):
+        if not _positive_int(value):
+            raise ValueError(f"host_timer: {name} must be a positive int, got {value!r}")
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     fn()
     sync()                                               # warm: compiled, cached, allocated
@@ -234,25 +239,45 @@ def host_timer(fn: Callable, calls: int = 200, repeats: int = 7) -> float:
     return statistics.median(per_call)
 
 
-def _time_impl(timer, fn, dec, qkv_do, context, refusals, untimed=None) -> tuple[dict, dict]:
-    """Forward, backward and decode times of one implementation (``context`` forces its SDPA
-    backend), and why any of them is missing (``untimed``: ``{time: why}`` not to time at all)."""
+def _time_calls(calls: dict, context, refusals, why: dict, inference=()) -> dict:
+    """``{key: ms or None}`` of each ``calls[key]() -> ms`` run under ``context`` (grad enabled, or off
+    for ``inference`` keys), skipping keys already in ``why``; a refusal's reason goes into ``why``."""
     import torch
-    q, k, v, do = qkv_do
-    calls = {"fwd_ms": lambda: timer(lambda: fn(q, k, v)),
-             "bwd_ms": lambda: timer(_backward(fn, q, k, v, do)),
-             "decode_ms": lambda: timer(dec)}
-    times, why = dict.fromkeys(TIMES), dict(untimed or {})
+    times = dict.fromkeys(calls)
     for key, call in calls.items():
         if key in why:
             continue
-        if key == "bwd_ms" and times["fwd_ms"] is None and why.get("fwd_ms") != NOT_ASKED:
-            why[key] = "not timed: the forward has no time"        # refused or out of memory: so is this
-            continue
-        with context(), (torch.no_grad() if key == "decode_ms" else torch.enable_grad()):
+        with context(), (torch.no_grad() if key in inference else torch.enable_grad()):
             times[key], reason = _measure(call, refusals)
         if reason:
             why[key] = reason
+    return times
+
+
+def _refusals(name) -> tuple:
+    """What counts as an implementation refusing a call rather than failing: SDPA refusing a shape, or
+    the CUDA backend unable to run here (no CuPy)."""
+    return (RuntimeError,) if name in SDPA_BACKENDS or name == "flashlib-cuda" else ()
+
+
+def _tma_refusal(q, k, v, do) -> str | None:
+    """Why the TMA kernels do not take these tensors (row "flashlib-tma" then times nothing: never
+    versions 1 and 2 under its name), or None."""
+    from ..kernels.triton import fa2_fwd_tma
+    why = fa2_fwd_tma.supported(q, k, v, do)
+    return None if why is None else f"{TMA_REFUSED}: {why}"[:_WHY_MAX]
+
+
+def _time_impl(timer, fn, dec, qkv_do, context, refusals, untimed=None) -> tuple[dict, dict]:
+    """Forward, backward and decode times of one implementation (``context`` forces its SDPA
+    backend), and why any of them is missing (``untimed``: ``{time: why}`` not to time at all)."""
+    q, k, v, do = qkv_do
+    why = dict(untimed or {})
+    times = _time_calls({"fwd_ms": lambda: timer(lambda: fn(q, k, v))}, context, refusals, why)
+    if times["fwd_ms"] is None and why.get("fwd_ms") != NOT_ASKED and "bwd_ms" not in why:
+        why["bwd_ms"] = "not timed: the forward has no time"       # refused or out of memory: so is this
+    times |= _time_calls({"bwd_ms": lambda: timer(_backward(fn, q, k, v, do)), "decode_ms": lambda: timer(dec)},
+                         context, refusals, why, inference=("decode_ms",))
     return times, why
 
 
@@ -395,7 +420,6 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
     mine = {name: backend for name, backend in FLASHLIB_IMPLS.items() if name not in skipped}
     untimed = {}                                   # per impl: {time: why} it is not timed (same at every N)
     if tma:
-        from ..kernels.triton import fa2_fwd_tma
         untimed["flashlib-tma"] = {"decode_ms": TMA_NO_DECODE}
     if cuda:
         from ..kernels import cuda as cuda_kernels
@@ -432,14 +456,12 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
                 dec = lambda: fn(q1, kk, vv)                                               # noqa: E731
             context, why_not = _context(name, sdpa)
             skip = {**not_asked, **untimed.get(name, {})}
-            if name == "flashlib-tma" and (tma_why := fa2_fwd_tma.supported(q, k, v, do)) is not None:
-                skip["fwd_ms"] = f"{TMA_REFUSED}: {tma_why}"[:_WHY_MAX]   # not versions 1/2 under its name
+            if name == "flashlib-tma" and (tma_why := _tma_refusal(q, k, v, do)) is not None:
+                skip["fwd_ms"] = tma_why
             if why_not:
                 times, why = dict.fromkeys(TIMES), dict.fromkeys(TIMES, why_not)
             else:
-                # SDPA refusing a shape, or the CUDA backend unable to run here (no CuPy): a reason
-                refusals = (RuntimeError,) if name in SDPA_BACKENDS or name == "flashlib-cuda" else ()
-                times, why = _time_impl(timer, fn, dec, (q, kk, vv, do), context, refusals, skip)
+                times, why = _time_impl(timer, fn, dec, (q, kk, vv, do), context, _refusals(name), skip)
             rows.append(_with_throughput({"n": n, "impl": name, **times, "why": why}, config))
     results = {"environment": env, "config": config, "rows": rows}
     if small is not None:
@@ -499,21 +521,12 @@ def _small_calls(shape, timer, attend, sdpa, dt, device, untimed, tma) -> dict:
     for name, fn in attend.items():
         context, why_not = _context(name, sdpa)
         why = dict.fromkeys(SMALL_TIMES, why_not) if why_not else {}
-        if name == "flashlib-tma" and tma and not why:
-            from ..kernels.triton import fa2_fwd_tma
-            if (tma_why := fa2_fwd_tma.supported(q, k, v, do)) is not None:
-                why = dict.fromkeys(SMALL_TIMES, f"{TMA_REFUSED}: {tma_why}"[:_WHY_MAX])
+        if name == "flashlib-tma" and tma and not why and (tma_why := _tma_refusal(q, k, v, do)) is not None:
+            why = dict.fromkeys(SMALL_TIMES, tma_why)
         if "bwd_ms" in untimed[name]:               # e.g. the CUDA backward does not apply: Triton's runs
             why.setdefault("train_ms", untimed[name]["bwd_ms"])
-        refusals = (RuntimeError,) if name in SDPA_BACKENDS or name == "flashlib-cuda" else ()
-        times = dict.fromkeys(SMALL_TIMES)
-        for key, call in (("call_ms", lambda: fn(q, k, v)), ("train_ms", train(fn))):
-            if key in why:
-                continue
-            with context(), (torch.no_grad() if key == "call_ms" else torch.enable_grad()):
-                times[key], reason = _measure(lambda: timer(call), refusals)
-            if reason:
-                why[key] = reason
+        times = _time_calls({"call_ms": lambda f=fn: timer(lambda: f(q, k, v)), "train_ms": lambda f=fn: timer(train(f))},
+                            context, _refusals(name), why, inference=("call_ms",))
         rows.append({"impl": name, **times, "why": why})
     return {"shape": list(shape), "rows": rows}
 

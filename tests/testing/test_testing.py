@@ -35,3 +35,6 @@ def test_rounding_floor_is_flash_attns_slack_worked_by_hand():
     assert_fa_rule(off, torch.zeros(4, dtype=torch.bfloat16), want, floor=ROUNDING)   # within 1.56e-3
     with pytest.raises(ValueError, match="floor must be a number or 'rounding', got 'loose'"):
         assert_fa_rule(off, off, want, floor="loose")
+    for bad in ("bfloat16", torch.int32):
+        with pytest.raises(TypeError, match="rounding_floor: dtype must be a torch floating dtype"):
+            rounding_floor(want, bad)

@@ -78,6 +78,11 @@ def test_host_timer_runs_the_call_back_to_back_and_reports_ms_per_call():
     ms = bench.host_timer(lambda: calls.append(1), calls=5, repeats=3)
     assert len(calls) == 1 + 5 * 3                         # one warm-up call, then 3 runs of 5
     assert 0 < ms < 10
+    with pytest.raises(TypeError, match="host_timer: fn must be a callable taking no arguments, got int"):
+        bench.host_timer(3)
+    for bad in ({"calls": 0}, {"repeats": 2.0}, {"calls": True}):
+        with pytest.raises(ValueError, match=f"host_timer: {next(iter(bad))} must be a positive int"):
+            bench.host_timer(lambda: None, **bad)
 
 
 def synthetic_small(call=None) -> dict:
