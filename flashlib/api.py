@@ -113,7 +113,8 @@ def default_num_splits(q, k_cache) -> int:
     Work items without splitting: ``B · Hkv · ceil(group · Nq / 64)`` (a decode program takes up to 64
     stacked query rows of one kv head). :func:`flashlib.ladder.decoding.choose_num_splits` then asks for
     ``ceil(SMs / items)`` splits, each keeping at least 256 keys of the cache (Nmax), at most 128.
-    SMs: the CUDA device's count; on a CPU a fixed 4 (:data:`CPU_SPLIT_SMS`).
+    SMs: the CUDA device's count; on a CPU a fixed 4 (:data:`CPU_SPLIT_SMS`), or the rehearsed GPU's
+    (:func:`flashlib.hardware.rehearse`).
 
     Explained in: notebooks/06_flash_decoding (``choose_num_splits``, the rule it applies).
     Tested in: tests/test_api.py.
@@ -122,11 +123,9 @@ def default_num_splits(q, k_cache) -> int:
     B, H, NQ, _ = q.shape
     hkv, nmax = k_cache.shape[1], k_cache.shape[2]
     row_blocks = -(-(H // hkv) * NQ // 64)
-    if q.device.type == "cuda":
-        from .hardware import cuda_device
-        sms = cuda_device(q.device).sms                  # asked of the driver once per device
-    else:
-        sms = CPU_SPLIT_SMS
+    from .hardware import device_facts
+    facts = device_facts(q.device)                       # the driver's (once per device), or a rehearsed GPU's
+    sms = facts.sms if facts is not None else CPU_SPLIT_SMS
     return choose_num_splits(B * hkv, row_blocks, max(nmax, 1), sms, block_k=256)
 
 

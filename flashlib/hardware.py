@@ -7,15 +7,22 @@ figures, never measurements of ours; the book says so wherever it plots them.
 :func:`cuda_device` is the one exception, and no figure of merit: what the driver reports for a CUDA device
 of this machine (architecture, SM count, shared memory per block), asked once per device index.
 
+:func:`rehearse` (or ``FLASHLIB_REHEARSE=T4`` in the environment) makes CPU tensors stand for one GPU of
+:data:`GPUS` in flashlib's device facts (:func:`device_facts`): the kernels still run in Triton's
+interpreter, but every choice flashlib makes for a GPU (dtypes, config tables, bf16 refusal, decode's
+split count) is made as on that GPU, so that a chapter which would fail on a T4 fails on a CPU first.
+
 Explained in: book/gpu_memory and notebooks/01_naive_attention (roofline).
 """
 from __future__ import annotations
 
+import contextlib
 import operator
+import os
 from dataclasses import dataclass
 
 __all__ = ["GPU", "GPUS", "ARCH_SMEM_LIMIT", "CUDA_GRID_MAX", "CudaDevice", "cuda_device", "flat_programs", "get",
-           "ridge_point"]
+           "ridge_point", "kernel_dtypes", "REHEARSE_ENV", "rehearse", "rehearsing", "device_facts"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,7 @@ def flat_programs(*counts: int) -> int:
 class CudaDevice:
     """What the driver reports for one CUDA device of this machine (not a published figure).
 
+    ``index``: the device index (-1 for a GPU that a rehearsal stands in for, :func:`rehearse`);
     ``arch``: e.g. "sm_90"; ``sms``: streaming multiprocessors; ``smem_optin``: shared memory a block may
     opt into, bytes (None where torch does not report it).
 
@@ -124,6 +132,81 @@ def cuda_device(device=None) -> CudaDevice:
     return _cuda_device(index)
 
 
+# The rehearsal: a GPU of GPUS that CPU tensors stand for in device_facts (None: CPU tensors are CPUs).
+REHEARSE_ENV = "FLASHLIB_REHEARSE"
+_REHEARSAL: CudaDevice | None = None
+
+
+def _stand_in(name) -> CudaDevice:
+    """The CudaDevice a rehearsal of GPU ``name`` answers with: its published arch, SMs and shared memory
+    per block (opt-in); index -1, the mark of a device that is not on this machine."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str naming a GPU of flashlib.hardware.GPUS, "
+                        f"got {type(name).__name__}")
+    gpu = get(name)
+    return CudaDevice(-1, gpu.arch, gpu.sms, gpu.smem_per_block_kb * 1024)
+
+
+@contextlib.contextmanager
+def rehearse(name: str):
+    """Within the ``with`` block, CPU tensors stand for GPU ``name`` (one of :data:`GPUS`, e.g. "T4") in
+    :func:`device_facts`, so every choice flashlib makes for a GPU is made as on that one: the dtypes of
+    :func:`kernel_dtypes`, the Triton config tables (that GPU's arch and shared-memory limit instead of the
+    interpreter's one config), the "triton" backend's refusal of bfloat16 before sm_80, and decode's default
+    split count (its SM count). The kernels still run in Triton's interpreter. ``FLASHLIB_REHEARSE=T4`` in
+    the environment does the same for a whole process (a notebook's kernel, a test run). Nests; restores
+    what was rehearsed before on exit. ValueError for a name not in :data:`GPUS`, TypeError for a
+    name that is not a str.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/test_rehearsal.py.
+    """
+    global _REHEARSAL
+    before, _REHEARSAL = _REHEARSAL, _stand_in(name)
+    try:
+        yield _REHEARSAL
+    finally:
+        _REHEARSAL = before
+
+
+def rehearsing() -> CudaDevice | None:
+    """The :class:`CudaDevice` that CPU tensors stand for (:func:`rehearse`), or None (no rehearsal).
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/test_rehearsal.py.
+    """
+    return _REHEARSAL
+
+
+def device_facts(device) -> CudaDevice | None:
+    """What flashlib's choices for ``device`` (a torch.device or a string like "cuda:0") go by: the driver's
+    :class:`CudaDevice` for a CUDA device; for any other device the rehearsed GPU's (:func:`rehearse`), or
+    None when nothing is rehearsed (a CPU: the interpreter's choices).
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/test_rehearsal.py.
+    """
+    import torch
+    d = device if isinstance(device, torch.device) else torch.device(device)
+    return cuda_device(d) if d.type == "cuda" else _REHEARSAL
+
+
+def kernel_dtypes(device) -> tuple[str, ...]:
+    """The dtypes flashlib's kernels take on ``device``, by name: ``("float16", "bfloat16", "float32")``,
+    without bfloat16 on a GPU older than sm_80 (a T4: no bf16 tensor cores, and flashlib refuses it there).
+    On a CPU every kernel runs in an emulator (Triton's interpreter, flashlib's CUDA emulator): all three,
+    unless a T4 is rehearsed (:func:`rehearse`). Chapters, the GPU tier and the bench loop over these, so a
+    cell never asks a T4 for bfloat16: ``[getattr(torch, n) for n in kernel_dtypes(device)]``.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/test_hardware.py.
+    """
+    facts = device_facts(device)
+    if facts is not None and int(facts.arch.removeprefix("sm_").rstrip("a")) < 80:
+        return ("float16", "float32")
+    return ("float16", "bfloat16", "float32")
+
+
 def get(name: str) -> GPU:
     """The GPU called ``name`` (one of :data:`GPUS`), or a ValueError listing the names.
 
@@ -142,3 +225,16 @@ def ridge_point(tflops: float, bandwidth_gbs: float) -> float:
     Tested in: tests/test_hardware.py.
     """
     return tflops * 1e12 / (bandwidth_gbs * 1e9)
+
+
+def _rehearsal_from_environment() -> CudaDevice | None:
+    """FLASHLIB_REHEARSE's GPU (unset or empty: none); ValueError naming the variable for an unknown one."""
+    name = os.environ.get(REHEARSE_ENV, "")
+    if not name:
+        return None
+    if name not in GPUS:
+        raise ValueError(f"{REHEARSE_ENV} must be one of {sorted(GPUS)} (or empty), got {name!r}")
+    return _stand_in(name)
+
+
+_REHEARSAL = _rehearsal_from_environment()

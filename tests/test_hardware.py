@@ -31,3 +31,16 @@ def test_ridge_point_is_peak_flops_over_bandwidth():
     h100 = hardware.get("H100-SXM")
     assert hardware.ridge_point(h100.fp16_tflops, h100.bandwidth_gbs) == pytest.approx(989e12 / 3350e9)
     assert hardware.ridge_point(100.0, 1000.0) == pytest.approx(100.0)   # 1e14 FLOP/s over 1e12 B/s
+
+
+@pytest.mark.parametrize("arch, want", [("sm_75", ("float16", "float32")),
+                                        ("sm_80", ("float16", "bfloat16", "float32")),
+                                        ("sm_90a", ("float16", "bfloat16", "float32"))])
+def test_kernel_dtypes_leave_out_bfloat16_before_sm_80(arch, want, monkeypatch):
+    """A GPU's facts where the driver's would be (cuda:3 is never asked): a T4 gets no bfloat16."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setitem(hardware._CUDA_DEVICES, 3, hardware.CudaDevice(3, arch, 40, 65536))
+    assert hardware.kernel_dtypes(torch.device("cuda", 3)) == want
+    assert hardware.kernel_dtypes("cuda:3") == want
+    assert hardware.kernel_dtypes("cpu") == ("float16", "bfloat16", "float32")   # the interpreter takes all
+    assert all(isinstance(getattr(torch, name), torch.dtype) for name in want)     # names of torch dtypes

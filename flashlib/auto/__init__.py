@@ -8,8 +8,9 @@ Importing this module changes nothing. :func:`enable` replaces the function in
 A call is routed to :func:`flashlib.attention` only when flashlib computes exactly what SDPA computes:
 4-D ``(B, H, N, d)`` tensors on a CPU or CUDA device, fp16/bf16/fp32, one dtype, ``attn_mask=None``,
 ``dropout_p == 0``, the same head dim for q, k and v (at most 256), equal head counts or
-``enable_gqa=True`` with ``H % Hkv == 0``. Everything else goes to the original function, so an
-unsupported call gives SDPA's own result or SDPA's own error.
+``enable_gqa=True`` with ``H % Hkv == 0``, and on a GPU a backend that can run there (not where
+Triton is missing or older than flashlib supports: :func:`flashlib.backends.auto_choice`). Everything
+else goes to the original function, so an unsupported call gives SDPA's own result or SDPA's own error.
 
 SDPA's ``is_causal`` is **top-left** aligned (query i sees key j iff ``j <= i``), unlike flashlib's
 bottom-right ``causal``. The router reproduces SDPA: with ``Nq < Nk`` the keys past ``Nq`` are never
@@ -75,6 +76,31 @@ def route_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         return "bf16 needs sm_80 or newer"
     if scale is not None and not isinstance(scale, (int, float)):
         return "scale must be a number"
+    if query.is_cuda:                # the backend flashlib.attention's "auto" would run must be a GPU's
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+        return _gpu_backend_reason(query, grad)
+    return None
+
+
+def _gpu_backend_reason(query, grad: bool = False) -> str | None:
+    """Why flashlib's ``backend="auto"`` has no GPU backend for this CUDA query (triton missing, or
+    older than flashlib supports: flashlib.backends.auto_choice), or, with ``grad``, why its backward
+    would be refused (flashlib.kernels.triton.configs.refusal: fp16 at d > 128 on a T4 with triton
+    3.3); else None. SDPA beats the CPU reference."""
+    from ..backends import auto_choice
+    try:
+        name, why = auto_choice(query)
+    except (ValueError, TypeError) as exc:      # the backend refuses this input
+        return str(exc)
+    if why is not None:
+        return f"no GPU backend here ({why})"
+    if grad and name == "triton":
+        from ..hardware import device_facts
+        from ..kernels.triton import configs, kit
+        facts = device_facts(query.device)
+        if facts is not None:
+            return configs.refusal("bwd_dkdv", facts.arch, kit.block_d(query.shape[-1]),
+                                   str(query.dtype).removeprefix("torch."))
     return None
 
 

@@ -19,12 +19,13 @@ Explained in: notebooks/07_triton.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
 from . import cuda, reference, triton
 
-__all__ = ["Backend", "BACKENDS", "AUTO", "register_backend", "registered", "resolve"]
+__all__ = ["Backend", "BACKENDS", "AUTO", "register_backend", "registered", "resolve", "auto_choice"]
 
 
 @dataclass(frozen=True)
@@ -92,21 +93,47 @@ def resolve(backend, q, op: str = "attention") -> Backend:
     """The :class:`Backend` that ``backend`` ("auto", or a name in :data:`BACKENDS`) means for the
     tensor ``q``, after its ``check(q, op)`` (``op``: "attention" or "decode") found that it can run.
 
-    "auto" picks :data:`AUTO` of q's device type ("reference" for a device type it does not name).
+    "auto" picks :data:`AUTO` of q's device type ("reference" for a device type it does not name); if
+    that backend cannot run in this process (its check raises RuntimeError: triton missing, or older
+    than flashlib supports), "auto" takes "reference" instead, with a RuntimeWarning saying why
+    (:func:`auto_choice`). A refusal of the input itself (ValueError/TypeError: bf16 before sm_80)
+    stands.
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/backends/test_backends.py.
     """
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, got {type(backend).__name__}")
     if backend == "auto":
-        name = AUTO.get(q.device.type, "reference")
-    elif backend in BACKENDS:
-        name = backend
-    else:
+        name, why = auto_choice(q, op)
+        if why is not None:
+            warnings.warn(why, RuntimeWarning, stacklevel=3)
+        return BACKENDS[name]
+    if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {['auto', *sorted(BACKENDS)]}, got {backend!r}")
-    chosen = BACKENDS[name]
+    chosen = BACKENDS[backend]
     chosen.check(q, op)
     return chosen
+
+
+def auto_choice(q, op: str = "attention") -> tuple[str, str | None]:
+    """``(name, why)``: the backend ``backend="auto"`` runs for ``q`` (its check passed), and None, or
+    why :data:`AUTO`'s choice was passed over ("backend='auto' uses 'reference' on cuda tensors:
+    backend='triton' cannot run here: ... triton 3.1.0 ..."). Raises what the chosen backend's check
+    raises for the input itself.
+
+    Explained in: notebooks/10_beyond_one_gpu.
+    Tested in: tests/kernels/triton/test_triton_versions.py.
+    """
+    name = AUTO.get(q.device.type, "reference")
+    try:
+        BACKENDS[name].check(q, op)
+        return name, None
+    except RuntimeError as exc:                     # cannot run in this process: the next backend
+        if name == "reference":
+            raise
+        BACKENDS["reference"].check(q, op)
+        return "reference", (f"backend='auto' uses 'reference' (NumPy on a CPU copy: slow) on "
+                             f"{q.device.type} tensors, because {exc}")
 
 
 for _name, _module in (("reference", reference), ("triton", triton), ("cuda", cuda)):

@@ -12,6 +12,12 @@ tensor descriptors, TMA on sm_90). The environment variable ``FLASHLIB_TRITON_FW
 The backward likewise: ``FLASHLIB_TRITON_BWD`` is ``v2`` (default, :mod:`~flashlib.kernels.triton.fa2_bwd`)
 or ``tma``, which swaps in the TMA dK/dV kernel (:mod:`~flashlib.kernels.triton.fa2_bwd_tma`, version 5)
 where the memory rules hold for q, k, v and dO. Both are opt-in until a GPU has measured them faster.
+Both need tensor descriptors (triton >= 3.4): with an older Triton ``tma`` runs versions 1 and 2
+(:func:`~flashlib.kernels.triton.fa2_fwd_tma.supported` says why).
+
+Triton versions: ``check`` raises RuntimeError where ``triton`` is missing or older than flashlib
+supports (:mod:`flashlib.kernels.triton.versions`, naming the version and the fix), which
+``backend="auto"`` takes as "use the next backend" (:func:`flashlib.backends.auto_choice`).
 
 Explained in: notebooks/07_triton.
 """
@@ -166,7 +172,8 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
 
 
 def check(q, op):
-    """Backend.check: triton importable, in the mode q's device needs; no float64; bf16 needs sm_80+.
+    """Backend.check: triton importable and supported (>= 3.2: RuntimeError naming the version and the
+    fix otherwise), in the mode q's device needs; no float64; bf16 needs sm_80+.
     Explained in: notebooks/07_triton."""
     # Plain imports, not _kernels(): check runs while torch.compile traces flashlib.attention, and dynamo
     # traces an import but breaks the graph at a functools.cache wrapper.
@@ -179,6 +186,8 @@ def check(q, op):
     if q.dtype == torch.float64:
         raise TypeError("backend='triton' supports float16, bfloat16 and float32, got torch.float64; "
                         "use backend='reference' for float64")
-    if q.device.type == "cuda":                   # the device's arch: asked of the driver once per index
-        from ..kernels.triton.configs import check_dtype_arch, device_arch
-        check_dtype_arch(str(q.dtype).removeprefix("torch."), device_arch(q.device))
+    from ..hardware import device_facts            # a GPU's (asked once per index), or a rehearsed one's
+    facts = device_facts(q.device)
+    if facts is not None:
+        from ..kernels.triton.configs import check_dtype_arch
+        check_dtype_arch(str(q.dtype).removeprefix("torch."), facts.arch)

@@ -22,6 +22,11 @@ B·H > 65,535 (B = 1024, H = 128: "invalid argument"). A kernel decodes its bloc
 from ``tl.program_id(0)`` (``kit.unflatten``); the blocks of one head are consecutive programs, so they run side by side
 and share that head's K/V in L2.
 
+Triton versions. :mod:`flashlib.kernels.triton.versions` names the supported range (triton >= 3.2, the
+oldest a Colab GPU runtime ships; pyproject's ``triton`` extra says the same) and the facts that hold
+for some releases only; importing this package with an older Triton raises ImportError naming the
+version and the fix, and ``backend="auto"`` then chooses another backend.
+
 Interpreter or compiler. Triton fixes its mode when ``triton`` is first imported (it reads
 ``TRITON_INTERPRET`` once, in ``triton.runtime.interpreter``'s import-time setup of ``tl``): with ``TRITON_INTERPRET=1`` every kernel runs on CPU tensors in Triton's NumPy interpreter,
 without it every kernel is compiled for the GPU. Importing this package on a machine with no CUDA
@@ -59,6 +64,10 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only where triton is missing
     raise ImportError("flashlib.kernels.triton needs the `triton` package (Linux: pip install triton); "
                       "use backend='reference' without it") from exc
+
+from . import versions  # noqa: E402
+
+versions.check_supported()   # ImportError naming the version and the fix for a Triton older than 3.2
 
 
 def interpreting() -> bool:

@@ -3,17 +3,24 @@
 #   from the largest tile down; the first whose shared-memory estimate fits the architecture's
 #   per-block limit (flashlib.hardware.ARCH_SMEM_LIMIT: T4 64 KB, sm_86/89 99 KB, A100 163 KB,
 #   H100 227 KB) is used. On sm_75 Triton's tl.dot runs on CUDA cores (FFMA) with a large stack, so
-#   sm_75 gets its own, smaller tiles. In the interpreter, small blocks so that short test sequences
-#   still cross several blocks (the masks are what tests must reach).
+#   sm_75 gets its own, smaller tiles. fp32 tiles (fp32 inputs, or fp16 loaded as fp32 on a T4 with
+#   triton 3.3: upcast_tiles, the one place that decides the kernels' UPCAST) get their own tables,
+#   chosen by elem_bytes == 4: on the fp16 ones ptxas spilled 25-66 KB per thread on sm_80/sm_90 and
+#   the T4 ran out of shared memory at d = 256. In the interpreter, small blocks so that short test
+#   sequences still cross several blocks (the masks are what tests must reach).
 # Idea: FlashAttention-2's per-GPU tile choices; pruning by shared memory as Triton's autotuner
 #   `prune_configs_by` hook does (we choose by rule, not by timing: no GPU to time on here).
 # Limits: the estimate is the tiles' bytes (Q, and K/V times the pipeline depth), written beside each
 #   kernel in its KernelSpec (flashlib.kernels.triton.spec): the functions that choose a config take
 #   that spec (its `config` names the table, its `smem` estimates the tiles); the compile report
 #   (flashlib.tools.compile_report.compile_report) measures the real figure and the tests check it fits.
-# Correctness before speed: a config is only in a table if it was shown right and bitwise deterministic
-#   on a real GPU, and :func:`hazard` refuses the class of configs a real H100 showed wrong (below).
-# Run: pick_config(fa2_fwd.SPEC, q.device, block_d=128, elem_bytes=2).
+# Correctness before speed: :func:`hazard` refuses the class of configs a real H100 showed wrong
+#   (below), in every table. The sm_90 fp16 backward pair was shown right and deterministic on an H100;
+#   the other tables, the fp32 ones included, were chosen from cross-compiles (no spills, shared memory
+#   that fits) and have not run on those GPUs yet (the GPU tier forces each fp16 backward candidate of
+#   the GPU it runs on; fp32 tiles run there only as each kernel's first choice).
+# Run: pick_config(fa2_fwd.SPEC, q.device, block_d=128, elem_bytes=2); upcast_tiles("float16", "sm_75",
+#   "3.3.1") -> True.
 """Per-architecture kernel configurations.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
@@ -21,15 +28,20 @@ from dataclasses import dataclass
 
 from triton.runtime.errors import OutOfResources
 
-from ...hardware import ARCH_SMEM_LIMIT, cuda_device
+from ... import hardware as _hardware
+from ...hardware import ARCH_SMEM_LIMIT, cuda_device, device_facts
+from . import versions
 from .spec import KernelSpec
 
 __all__ = ["Config", "KERNELS", "CANDIDATES", "SM75", "SM90", "INTERPRETER", "hazard", "safe", "arch_config",
            "arch_candidates", "pick_config", "launch", "run_with_fallback", "device_arch",
-           "check_dtype_arch"]
+           "check_dtype_arch", "upcast_tiles", "tile_plan", "refusal", "FP32", "SM90_FP32", "SM75_FP32",
+           "table"]
 
 # On sm_75 Triton stages both operands of its FFMA dot through shared memory: the compile report
-# measured 1.2-1.9x the tile bytes of a KernelSpec's smem estimate there (at or below it on sm_80+).
+# measured 1.2-1.9x the tile bytes of a KernelSpec's smem estimate there for fp16 tiles (at or below it
+# on sm_80+). Tiles loaded as fp32 (fp32 inputs, or UPCAST) measured at or below their estimate with
+# elem_bytes 4 (triton 3.9, 2026-11-26: the SM75_FP32 table below), so the factor is for 2-byte tiles.
 SM75_SMEM_FACTOR = 2
 
 
@@ -120,6 +132,41 @@ SM75: dict[str, list[Config]] = {
     "bwd_dq": [Config(16, 16, 8, 1)],
     "decode": [Config(16, 32, 4, 1)],
 }
+# fp32 tiles (fp32 inputs; fp16 loaded as fp32 where upcast_tiles says so), chosen by elem_bytes == 4.
+# tl.dot on fp32 tiles runs on CUDA cores (FFMA) on every GPU unless allow_tf32, so the fp16 tables'
+# big tiles spilled 25-66 KB per thread on sm_80/sm_90 (fwd d = 128, M128-N32-w8-s2: 26,992 B on sm_80,
+# 30,608 on sm_90), and sm_75's smallest dK/dV and decode tiles needed 66,560 and 81,920 B at d = 256
+# (T4: 65,536). Measured by cross-compiling as the JIT compiles (pointers, strides and D divisible by
+# 16), causal, ieee, the 64-bit-offset kernels, triton 3.9.0, 2026-11-26; registers/spill B/smem B at
+# d = 256 (d = 64 and 128: no spill on sm_80/sm_90, at most 36 B on sm_75), sm_80 | sm_90:
+#   fwd    M32-N16-w8-s1  128/0/65,536  | 128/0/65,536     (M32-N16-w4-s2: 0 on sm_80, 20,412 B sm_90)
+#   dK/dV  M16-N32-w8-s1  128/52/100,352 | 128/28/100,352;  M16-N16-w4-s1 168/16/66,560 | 168/20/66,560
+#   dQ     M32-N16-w8-s1  118/0/98,304  | 116/0/98,304;    M16-N16-w8-s1 80/0/65,536 | 80/0/65,536
+#   decode M16-N32-w8-s2  80/0/84,032   | 128/24/84,032;   M16-N16-w4-s1 146/0/49,152 | 179/0/49,152
+# With allow_tf32 (tensor cores) the first candidates do not spill either (d = 128, 256); their shared
+# memory grows up to 2x (dK/dV d = 256: 131,072 B), past the estimate: where a GPU has less,
+# run_with_fallback's OutOfResources retry takes the next candidate.
+FP32: dict[str, list[Config]] = {
+    "fwd": [Config(32, 16, 8, 1)],
+    "bwd_dkdv": [Config(16, 32, 8, 1), Config(16, 16, 4, 1)],
+    "bwd_dq": [Config(32, 16, 8, 1), Config(16, 16, 8, 1)],
+    "decode": [Config(16, 32, 8, 2), Config(16, 16, 4, 1)],
+}
+SM90_FP32 = FP32                        # measured on both (above): the same choices
+# sm_75, fp32 tiles (fp32 inputs, and fp16 under triton 3.3.x), same measurement, d = 256 unless said:
+#   fwd    M32-N16-w8-s1  128/0/65,536
+#   dK/dV  M16-N32-w4-s1  (d <= 128) 128/36/51,200 at d = 128;  M16-N16-w4-s1 (d <= 128) 80/16/33,792
+#          at d = 128 but 66,560 at d = 256;  M16-N16-w2-s1 255/500/65,536: the one that fits at d = 256
+#   dQ     M16-N16-w8-s1  80/0/65,536
+#   decode M16-N32-w4-s1  (d <= 128) 144/0/40,960 at d = 128;  M16-N16-w4-s1 168/0/49,152
+# The KernelSpec estimates (elem_bytes 4, no SM75_SMEM_FACTOR) are at or above these, so pruning picks
+# one that fits; at d = 256 the dK/dV and dQ estimates pass 64 KB and the last candidate is taken.
+SM75_FP32: dict[str, list[Config]] = {
+    "fwd": [Config(32, 16, 8, 1)],
+    "bwd_dkdv": [Config(16, 32, 4, 1), Config(16, 16, 4, 1), Config(16, 16, 2, 1)],
+    "bwd_dq": [Config(16, 16, 8, 1)],
+    "decode": [Config(16, 32, 4, 1), Config(16, 16, 4, 1)],
+}
 INTERPRETER: dict[str, Config] = {
     "fwd": Config(32, 16), "bwd_dkdv": Config(16, 32), "bwd_dq": Config(32, 16), "decode": Config(64, 16),
 }
@@ -187,11 +234,26 @@ def arch_candidates(kernel: KernelSpec, arch: str, block_d: int, elem_bytes: int
     """
     spec = _table_spec(kernel)
     kernel, cc = spec.config, _cc(arch)
-    table = SM75 if cc < 80 else SM90 if cc >= 90 else CANDIDATES
-    factor = SM75_SMEM_FACTOR if cc < 80 else 1
+    candidates = table(arch, elem_bytes)[kernel]
+    factor = SM75_SMEM_FACTOR if cc < 80 and elem_bytes < 4 else 1
     limit = _limit_bytes(arch) if limit is None else limit
-    fits = [c for c in table[kernel] if factor * spec.smem(c, block_d, elem_bytes) <= limit]
-    return fits or [table[kernel][-1]]
+    fits = [c for c in candidates if factor * spec.smem(c, block_d, elem_bytes) <= limit]
+    return fits or [candidates[-1]]
+
+
+def table(arch: str, elem_bytes: int) -> dict[str, list[Config]]:
+    """The candidates table for ``arch`` (e.g. "sm_75") and tiles of ``elem_bytes`` bytes per element:
+    SM75/CANDIDATES/SM90 for 2-byte tiles, SM75_FP32/FP32/SM90_FP32 for 4-byte (fp32) tiles.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_configs.py.
+    """
+    if elem_bytes not in (2, 4):
+        raise ValueError(f"elem_bytes must be 2 (fp16/bf16 tiles) or 4 (fp32 tiles), got {elem_bytes!r}")
+    cc = _cc(arch)
+    if elem_bytes == 4:
+        return SM75_FP32 if cc < 80 else SM90_FP32 if cc >= 90 else FP32
+    return SM75 if cc < 80 else SM90 if cc >= 90 else CANDIDATES
 
 
 def arch_config(kernel: KernelSpec, arch: str, block_d: int, elem_bytes: int, *, limit: int | None = None) -> Config:
@@ -216,14 +278,17 @@ def device_arch(device) -> str:
 def _device_candidates(kernel: KernelSpec, device, block_d: int, elem_bytes: int) -> tuple[Config, ...]:
     """:func:`arch_candidates` for ``device`` (the interpreter's one config on a CPU), worked out once per
     (spec, device type and index, block_d, elem_bytes) and kept on the spec: a launch's hot path. (The
-    tables are read on the first launch of each key: change them before launching, not after.)"""
-    key = (device.type, device.index, block_d, elem_bytes)
+    tables are read on the first launch of each key: change them before launching, not after.)
+    While a GPU is rehearsed (flashlib.hardware.rehearse), CPU tensors get that GPU's candidates."""
+    # the GPU CPU tensors stand for (hardware.rehearsing(), read without a call: a launch's hot path)
+    stand_in = None if device.type == "cuda" else _hardware._REHEARSAL
+    key = (device.type, device.index, block_d, elem_bytes, stand_in)
     found = kernel._candidates.get(key)
     if found is None:
-        if device.type != "cuda":
+        if device.type != "cuda" and stand_in is None:
             found = (INTERPRETER[_table_spec(kernel).config],)
         else:
-            facts = cuda_device(device)                 # the device's own shared-memory figure if known
+            facts = stand_in or cuda_device(device)     # the device's own shared-memory figure if known
             found = tuple(arch_candidates(kernel, facts.arch, block_d, elem_bytes, limit=facts.smem_optin))
         if device.type != "cuda" or device.index is not None:   # "cuda" alone follows current_device
             kernel._candidates[key] = found
@@ -266,13 +331,98 @@ def launch(kernel: KernelSpec, device, block_d: int, elem_bytes: int, run, confi
     return run_with_fallback(run, _device_candidates(kernel, device, block_d, elem_bytes))
 
 
-def check_dtype_arch(dtype_name: str, arch: str) -> None:
-    """Refuse bfloat16 before sm_80: no bf16 tensor-core instructions (and Triton fails to compile it
-    on a T4). ``dtype_name`` like "bfloat16", ``arch`` like "sm_75".
+def check_dtype_arch(dtype_name: str, arch: str, version=None) -> None:
+    """Refuse bfloat16 before sm_80, on every Triton: such a GPU has no bfloat16 tensor-core
+    instructions (sm_80 added them), so a bf16 kernel there could only compute on CUDA cores, and
+    Triton up to 3.3 cannot even compile it (:func:`flashlib.kernels.triton.versions.bf16_compiles`;
+    from 3.4 it compiles). flashlib's CUDA backend and torch's flash SDPA refuse it there too.
+    ``dtype_name`` like "bfloat16", ``arch`` like "sm_75", ``version`` the Triton (None: installed),
+    which only changes what the message says.
 
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_configs.py.
     """
     if dtype_name == "bfloat16" and _cc(arch) < 80:
+        v = versions.parse(version) if version is not None else versions.installed()
+        t = "triton " + ".".join(map(str, v))
+        compiles = (f"{t} compiles bfloat16 there for CUDA cores only" if versions.bf16_compiles(arch, v)
+                    else f"{t} cannot compile bfloat16 there at all")
         raise ValueError(f"backend='triton': bfloat16 needs compute capability 8.0 (sm_80) or newer; this "
-                         f"GPU is {arch} (e.g. a T4). Use float16 on this GPU.")
+                         f"GPU is {arch} (e.g. a T4), which has no bfloat16 tensor cores ({compiles}). "
+                         "flashlib refuses bfloat16 before sm_80 on every Triton, as torch's flash "
+                         "attention does. Use float16 (or float32) on this GPU: "
+                         "flashlib.hardware.kernel_dtypes(device) lists them.")
+
+
+def upcast_tiles(dtype_name: str, arch: str | None, version=None, *, interpreting: bool = False) -> bool:
+    """The kernels' UPCAST constexpr: whether they load their tiles as float32 before ``tl.dot``.
+    The one place that decides it; every launcher asks :func:`tile_plan`, which asks this.
+
+    True for bfloat16 in Triton's interpreter (``interpreting``; ``arch`` may be None then): its bf16
+    ``tl.dot`` computes wrongly (triton 3.9). True on a GPU where fp16/bf16 tiles do not compile into
+    ``tl.dot`` (:func:`flashlib.kernels.triton.versions.dot_needs_fp32_tiles`: sm_75 with triton
+    3.3.x, "Unsupported conversion from f16 to f16"); fp32 tiles compile there. Else False (float32
+    tiles are float32 already). ``version``: the Triton (None: the installed one).
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_versions.py.
+    """
+    if dtype_name not in ("float16", "bfloat16", "float32"):
+        raise ValueError(f"dtype_name must be 'float16', 'bfloat16' or 'float32', got {dtype_name!r}")
+    if interpreting:
+        return dtype_name == "bfloat16"
+    return dtype_name != "float32" and versions.dot_needs_fp32_tiles(arch, version)
+
+
+def refusal(kernel: str, arch: str, block_d: int, dtype_name: str, version=None) -> str | None:
+    """Why ``kernel`` (a table key, e.g. "bwd_dkdv") cannot run on ``arch`` for ``dtype_name`` inputs at
+    head-dim tile ``block_d`` with this Triton (``version``; None: installed), or None. Two cases are
+    known, both the dK/dV kernel at block_d 256 on sm_75 (cross-compiled, the version matrix,
+    2026-11-26), whose smallest tile (M16-N16, 1 to 8 warps, one stage) needs 66,560 B of shared memory
+    against the T4's 65,536: with triton 3.3.x for fp16/bf16 inputs, whose tiles are loaded as fp32
+    there (:func:`upcast_tiles`); and with triton <= 3.2 for fp32 inputs (3.4 and newer fit it in
+    65,536 B). The message names the version and the fix.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_versions.py.
+    """
+    if kernel != "bwd_dkdv" or block_d <= 128 or _cc(arch) >= 80:
+        return None
+    v = versions.parse(version) if version is not None else versions.installed()
+    fp32 = dtype_name == "float32"
+    if (not fp32 and versions.dot_needs_fp32_tiles(arch, v)) or (fp32 and v[:2] <= (3, 2)):
+        how = "on fp32 inputs" if fp32 else "only on fp32 tiles"
+        return (f"backend='triton': the {dtype_name} backward at head dim > 128 does not fit a "
+                f"{arch} GPU with triton {'.'.join(map(str, v))}: this Triton compiles its dK/dV kernel "
+                f"there {how} into 66,560 bytes of shared memory (the GPU has 65,536). Upgrade Triton to "
+                "3.4 or newer (pip install 'triton>=3.4', or a torch >= 2.8, which brings it); or use "
+                f"{'float16' if fp32 else 'float32'} inputs or head dim <= 128.")
+    return None
+
+
+_PLANS: dict = {}
+
+
+def tile_plan(q) -> tuple[bool, int]:
+    """``(UPCAST, elem_bytes)`` for launching a kernel on ``q``'s dtype and device: UPCAST from
+    :func:`upcast_tiles`, and the bytes per tile element the config choice budgets shared memory for
+    (4 where the tiles are loaded as float32 on the GPU, else ``q.element_size()``). A CPU tensor is
+    interpreted; while a GPU is rehearsed (:func:`flashlib.hardware.rehearse`) its budget is that
+    GPU's. Worked out once per (dtype, device, rehearsal): a launch's hot path.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_versions.py.
+    """
+    device = q.device
+    stand_in = None if device.type == "cuda" else _hardware._REHEARSAL      # hardware.rehearsing()
+    key = (q.dtype, device.type, device.index, stand_in)
+    plan = _PLANS.get(key)
+    if plan is None:
+        name = str(q.dtype).removeprefix("torch.")
+        facts = device_facts(device)
+        upcast = upcast_tiles(name, facts.arch if facts else None, interpreting=device.type != "cuda")
+        on_gpu = facts is not None and upcast_tiles(name, facts.arch)   # the rehearsed GPU's rule too
+        plan = (upcast, 4 if on_gpu else q.element_size())
+        if device.type != "cuda" or device.index is not None:   # "cuda" alone follows current_device
+            _PLANS[key] = plan
+    return plan

@@ -19,15 +19,16 @@
 #   are described once by their KernelSpec (flashlib.kernels.triton.spec).
 # Idea: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding); the ladder is flashlib.ladder.decoding.
 # Limits: head dim <= 256; fp16, bf16, fp32; bf16 needs sm_80+; not differentiable (inference). Any
-#   B·H; 32-bit offsets: each tensor, and the partials (num_splits·B·H·Nq·d), < 2^31 elements.
+#   B·H; 64-bit offsets (kit's "Offsets"): the caches, q and the partials (num_splits·B·H·Nq·d) may hold
+#   2^31 elements or more; one kv head's query rows (group·Nq) < 2^31.
 # Run: flashlib.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="triton").
 """Flash-Decoding split-KV and combine kernels and their launcher.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
 import torch
 
-from . import INTERPRET, flat_grid, kit, triton, tl
-from .configs import Config, launch
+from . import flat_grid, kit, triton, tl
+from .configs import Config, launch, tile_plan
 from .fa2_fwd import smem_estimate
 from .spec import KernelSpec
 
@@ -46,12 +47,16 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
     split, rest = kit.unflatten(tl.program_id(0), n_splits)   # kernel 1: one program per split ...
     pid_r, pid_bhk = kit.unflatten(rest, n_r)          # ... block of stacked query rows ...
     hk, b = kit.unflatten(pid_bhk, HKV)                # ... batch b and kv head hk
+    b, hk = b.to(tl.int64), hk.to(tl.int64)            # offsets in 64 bits (kit: Offsets)
+    # Stacked rows stay 32-bit, as in every grid decode: GROUP·NQ, one kv head's query rows in a
+    # decode step (B·HKV·GROUP·NQ·d = q's elements), must be < 2^31.
     offs_r = pid_r * BLOCK_M + tl.arange(0, BLOCK_M)   # stacked rows r = g * NQ + iq
     row_ok = offs_r < GROUP * NQ
     iq, g = kit.unflatten(offs_r, NQ)                  # (BLOCK_M,) query position and group member
-    h = hk * GROUP + g                                 # (BLOCK_M,) query head of each row
+    h = hk * GROUP + g                                 # (BLOCK_M,) query head of each row, 64-bit
     offs_d = tl.arange(0, BLOCK_D)
-    q = kit.load_tile(Q + b * stride_qb + h * stride_qh + iq * stride_qn, row_ok, offs_d, D, UPCAST)
+    q_rows = Q + b * stride_qb + h * stride_qh + iq.to(tl.int64) * stride_qn
+    q = kit.load_tile(q_rows, row_ok, offs_d, D, UPCAST)
     if SEQLENS is None:                                # no lengths (a constexpr None): the whole cache
         nk = NMAX
     else:   # this sequence's valid keys, clamped into [0, NMAX]: the host does not read them back (no sync)
@@ -67,8 +72,8 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
                                V + b * stride_vb + hk * stride_vh, stride_kn, stride_vn, offs_r, offs_d,
                                start, end, end, 0, D, qk_scale, BLOCK_N, kit.MASKED, False, UPCAST, PRECISION)
     o, lse = kit.finish(acc, l_i, m_i)                 # O_s normalized, LSE_s (0 and -inf: empty split)
-    rows = (b * H + h) * NQ + iq                       # flat row index into (B, H, NQ)
-    n_rows = B * H * NQ
+    rows = (b * H + h) * NQ + iq                       # flat row index into (B, H, NQ), 64-bit
+    n_rows = B.to(tl.int64) * H * NQ
     # OP (num_splits, B·H·NQ, D): fp32 partials, or o itself (one split), so cast to OP's type
     tl.store(OP + (split * n_rows + rows[:, None]) * D + offs_d[None, :], o.to(OP.dtype.element_ty),
              mask=row_ok[:, None] & (offs_d[None, :] < D))
@@ -82,18 +87,20 @@ def _combine_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on, n_rows, H, 
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = offs_s < N_SPLITS
-    lse_s = tl.load(LP + offs_s * n_rows + row, mask=s_ok, other=float("-inf"))   # (BLOCK_S,)
+    splits = offs_s.to(tl.int64)                       # splits x n_rows x D can pass 2^31: 64 bits
+    lse_s = tl.load(LP + splits * n_rows + row, mask=s_ok, other=float("-inf"))   # (BLOCK_S,)
     m = tl.max(lse_s, 0)
     m_use = tl.where(m == float("-inf"), 0.0, m)       # every split empty: weights 0, no NaN
     w = tl.math.exp2((lse_s - m_use) * kit.LOG2E)      # exp(LSE_s - m)
     l = tl.sum(w, 0)
     l_safe = tl.where(l > 0.0, l, 1.0)
-    o_s = tl.load(OP + (offs_s[:, None] * n_rows + row) * D + offs_d[None, :],
+    o_s = tl.load(OP + (splits[:, None] * n_rows + row) * D + offs_d[None, :],
                   mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0)   # (BLOCK_S, BLOCK_D)
     o = tl.sum(w[:, None] * o_s, 0) / l_safe           # sum_s exp(LSE_s - lse) O_s
     lse = tl.where(l > 0.0, m_use + tl.math.log2(l_safe) * kit.LN2, float("-inf"))
     iq, bh = kit.unflatten(row, NQ)                    # row = (b·H + h)·NQ + iq
     h, b = kit.unflatten(bh, H)
+    b, h, iq = b.to(tl.int64), h.to(tl.int64), iq.to(tl.int64)   # offsets in 64 bits (kit: Offsets)
     tl.store(O + b * stride_ob + h * stride_oh + iq * stride_on + offs_d, o.to(O.dtype.element_ty),
              mask=offs_d < D)
     tl.store(LSE + row, lse)
@@ -162,6 +169,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
     group = H // HKV
     block_d = kit.block_d(D)
     n_rows = B * H * NQ
+    upcast, elem_bytes = tile_plan(q)        # fp32 tiles where fp16 ones fail (configs.upcast_tiles)
     # one split: the split kernel's output is the answer (o in q's dtype, contiguous like the partials)
     o_part = torch.empty((num_splits, n_rows, D), device=q.device,
                          dtype=q.dtype if num_splits == 1 else torch.float32)
@@ -169,8 +177,8 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
     args = dict(Q=q, K=k_cache, V=v_cache, SEQLENS=cache_seqlens, OP=o_part, LP=lse_part,
                 qk_scale=kit.qk_scale(scale), B=B, H=H, HKV=HKV, GROUP=group, NQ=NQ, NMAX=k_cache.shape[2], D=D,
                 BLOCK_D=block_d,
-                UPCAST=INTERPRET and q.dtype == torch.bfloat16, PRECISION="ieee")
-    launch(SPLIT_SPEC, q.device, block_d, q.element_size(),
+                UPCAST=upcast, PRECISION="ieee")
+    launch(SPLIT_SPEC, q.device, block_d, elem_bytes,
            lambda cfg: SPLIT_SPEC.launch(cfg, **args, BLOCK_M=split_block_m(cfg.block_m, group, NQ)), config)
     if num_splits == 1:
         return o_part.view(B, H, NQ, D), lse_part.view(B, H, NQ)

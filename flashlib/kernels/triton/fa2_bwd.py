@@ -18,16 +18,17 @@
 #   Each kernel is described once by its KernelSpec (flashlib.kernels.triton.spec).
 # Idea: Dao 2023 (FlashAttention-2), Algorithm 2; the dK/dV + dQ split as in Triton's fused-attention
 #   tutorial and flash-attn's deterministic mode (our own code; plain pointers, no block pointers).
-# Limits: as the forward (head dim <= 256, fp16/bf16/fp32, bf16 needs sm_80+, any B·H, each tensor
-#   < 2^31 elements).
+# Limits: as the forward (head dim <= 256, fp16/bf16/fp32, bf16 needs sm_80+, any B·H, 64-bit offsets:
+#   a tensor may hold 2^31 elements or more).
 # Run: flashlib.attention(q, k, v, backend="triton").backward(do); interpreted on a CPU.
 """FlashAttention-2 backward kernels and their launcher.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
 import torch
 
-from . import INTERPRET, kit, triton, tl
-from .configs import Config, launch
+from ...hardware import device_facts
+from . import kit, triton, tl
+from .configs import Config, launch, refusal, tile_plan
 from .fa2_fwd import SPEC as FWD_SPEC
 from .fa2_fwd import grid as fwd_grid
 from .spec import KernelSpec, staged_bytes
@@ -43,12 +44,14 @@ def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_dob, s
                     H, NQ, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))   # query block, batch·head
     h, b = kit.unflatten(pid_bh, H)
+    b, h = b.to(tl.int64), h.to(tl.int64)             # offsets in 64 bits (kit: Offsets)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = offs_m.to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < NQ
-    o = kit.load_tile(O + b * stride_ob + h * stride_oh + offs_m * stride_on, row_ok, offs_d, D, True)
-    do = kit.load_tile(DO + b * stride_dob + h * stride_doh + offs_m * stride_don, row_ok, offs_d, D, True)
-    tl.store(DELTA + pid_bh * NQ + offs_m, tl.sum(o * do, 1), mask=row_ok)   # line 4: D_i
+    o = kit.load_tile(O + b * stride_ob + h * stride_oh + rows * stride_on, row_ok, offs_d, D, True)
+    do = kit.load_tile(DO + b * stride_dob + h * stride_doh + rows * stride_don, row_ok, offs_d, D, True)
+    tl.store(DELTA + (b * H + h) * NQ + offs_m, tl.sum(o * do, 1), mask=row_ok)   # line 4: D_i
 
 
 @triton.jit
@@ -61,32 +64,39 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
               BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     pid_n, pid_bhk = kit.unflatten(tl.program_id(0), tl.cdiv(NK, BLOCK_N))   # line 5: key block j ...
     hk, b = kit.unflatten(pid_bhk, HKV)                # ... of batch b, kv head hk
+    b, hk = b.to(tl.int64), hk.to(tl.int64)            # offsets in 64 bits (kit: Offsets)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)           # (BLOCK_N,) key rows
+    keys = offs_n.to(tl.int64)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     key_ok = offs_n < NK
-    k = kit.load_tile(K + b * stride_kb + hk * stride_kh + offs_n * stride_kn, key_ok, offs_d, D, UPCAST)
-    v = kit.load_tile(V + b * stride_vb + hk * stride_vh + offs_n * stride_vn, key_ok, offs_d, D, UPCAST)
+    k = kit.load_tile(K + b * stride_kb + hk * stride_kh + keys * stride_kn, key_ok, offs_d, D, UPCAST)
+    v = kit.load_tile(V + b * stride_vb + hk * stride_vh + keys * stride_vn, key_ok, offs_d, D, UPCAST)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)      # line 7: dK_j = dV_j = 0 on chip
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     # Causal: query blocks before lo see none of key block j; those starting before hi_masked see part.
     lo, hi_masked = kit.query_range(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    h = hk * GROUP                                     # the group's first query head: its Q, dO, LSE, D
+    q_base = Q + b * stride_qb + h * stride_qh
+    do_base = DO + b * stride_dob + h * stride_doh
+    lse_base = LSE + (b * H + h) * NQ
+    delta_base = DELTA + (b * H + h) * NQ
     for g in range(0, GROUP):                          # GQA: every query head reading kv head hk
-        h = hk * GROUP + g
-        q_base = Q + b * stride_qb + h * stride_qh
-        do_base = DO + b * stride_dob + h * stride_doh
-        row_base = (b * H + h) * NQ
         for start_m in range(lo, NQ, BLOCK_M):         # line 8: for the query blocks i
             offs_m = start_m + offs_m0
             row_ok = offs_m < NQ
-            q = kit.load_tile(q_base + offs_m * stride_qn, row_ok, offs_d, D, UPCAST)
-            do = kit.load_tile(do_base + offs_m * stride_don, row_ok, offs_d, D, UPCAST)
-            dk, dv = kit.dkdv_step(dk, dv, q, do, k, v, LSE + row_base, DELTA + row_base, start_m, offs_m,
+            q = kit.load_tile(q_base + offs_m.to(tl.int64) * stride_qn, row_ok, offs_d, D, UPCAST)
+            do = kit.load_tile(do_base + offs_m.to(tl.int64) * stride_don, row_ok, offs_d, D, UPCAST)
+            dk, dv = kit.dkdv_step(dk, dv, q, do, k, v, lse_base, delta_base, start_m, offs_m,
                                    offs_n, hi_masked, NQ, NK, qk_scale, CAUSAL, PRECISION)   # lines 9-16
+        q_base += stride_qh                            # the group's next query head: the pointers walk
+        do_base += stride_doh                          # (h·stride in 64 bits inside the loop spilled
+        lse_base += NQ                                 # 92 bytes in the TMA twin on sm_90, walking 8;
+        delta_base += NQ                               # triton 3.9 cross-compiled)
     dk = dk * scale                                    # dS = scale * dS: applied once, at the end
-    kit.store_tile(DK + b * stride_dkb + hk * stride_dkh + offs_n * stride_dkn, key_ok, offs_d, D, dk)  # 18
-    kit.store_tile(DV + b * stride_dvb + hk * stride_dvh + offs_n * stride_dvn, key_ok, offs_d, D, dv)
+    kit.store_tile(DK + b * stride_dkb + hk * stride_dkh + keys * stride_dkn, key_ok, offs_d, D, dk)  # 18
+    kit.store_tile(DV + b * stride_dvb + hk * stride_dvh + keys * stride_dvn, key_ok, offs_d, D, dv)
 
 
 @triton.jit
@@ -100,14 +110,17 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))   # dQ_i of query block i ...
     h, b = kit.unflatten(pid_bh, H)                    # ... of batch b, head h
     hk = h // GROUP
+    b, h, hk = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64)   # offsets in 64 bits (kit: Offsets)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = offs_m.to(tl.int64)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < NQ
-    q = kit.load_tile(Q + b * stride_qb + h * stride_qh + offs_m * stride_qn, row_ok, offs_d, D, UPCAST)
-    do = kit.load_tile(DO + b * stride_dob + h * stride_doh + offs_m * stride_don, row_ok, offs_d, D, UPCAST)
-    lse = kit.load_lse2(LSE + pid_bh * NQ + offs_m, row_ok)
-    delta = tl.load(DELTA + pid_bh * NQ + offs_m, mask=row_ok, other=0.0)
+    q = kit.load_tile(Q + b * stride_qb + h * stride_qh + rows * stride_qn, row_ok, offs_d, D, UPCAST)
+    do = kit.load_tile(DO + b * stride_dob + h * stride_doh + rows * stride_don, row_ok, offs_d, D, UPCAST)
+    row_base = (b * H + h) * NQ                        # this head's row 0 in LSE and DELTA (B, H, NQ)
+    lse = kit.load_lse2(LSE + row_base + offs_m, row_ok)
+    delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
@@ -123,7 +136,7 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)          # line 15: dQ_i += dS K_j
     dq = dq * scale
-    kit.store_tile(DQ + b * stride_dqb + h * stride_dqh + offs_m * stride_dqn, row_ok, offs_d, D, dq)
+    kit.store_tile(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn, row_ok, offs_d, D, dq)
 
 
 def grid_preprocess(B: int, H: int, NQ: int) -> tuple[int]:
@@ -201,7 +214,12 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]
     block_d = kit.block_d(D)
-    es = q.element_size()
+    upcast, es = tile_plan(q)               # fp32 tiles where fp16 ones fail (configs.upcast_tiles)
+    facts = device_facts(q.device) if block_d > 128 else None   # a GPU (or a rehearsed one)
+    if facts is not None:                   # dK/dV on a T4 with some Tritons: too big (configs.refusal)
+        why = refusal("bwd_dkdv", facts.arch, block_d, str(q.dtype).removeprefix("torch."))
+        if why:
+            raise RuntimeError(why)
     if do.stride(-1) != 1:
         do = do.contiguous()
     delta = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
@@ -209,7 +227,7 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     args = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, qk_scale=kit.qk_scale(scale), scale=scale, H=H,
                 GROUP=H // HKV, NQ=NQ, NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d,
-                UPCAST=INTERPRET and q.dtype == torch.bfloat16, PRECISION="tf32" if allow_tf32 else "ieee")
+                UPCAST=upcast, PRECISION="tf32" if allow_tf32 else "ieee")
     launch(dkdv_spec, q.device, block_d, es,
            lambda cfg: dkdv_spec.launch(cfg, **args, DK=dk, DV=dv, HKV=HKV), config_dkdv)
     launch(DQ_SPEC, q.device, block_d, es, lambda cfg: DQ_SPEC.launch(cfg, **args, DQ=dq), config_dq)

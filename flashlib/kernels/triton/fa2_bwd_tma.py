@@ -9,8 +9,9 @@
 #   function, kit.dkdv_step.
 #   Why this kernel first: it holds two fp32 accumulators (dK_j, dV_j) plus K_j, V_j and the P/dS tiles,
 #   and it is the one that spills. Cross-compiled for sm_90 by triton 3.9 at the config an H100
-#   measured fastest and right (M64-N64-w4-s2, d = 128, fp16, causal), version 2 spills 276 bytes per
-#   thread and this kernel 4 (the compile report's rows; tests/tools/test_compile_report.py checks it).
+#   measured fastest and right (M64-N64-w4-s2, d = 128, fp16, causal), version 2 spills 216 bytes per
+#   thread and this kernel 8 (the compile report's rows; tests/tools/test_compile_report.py checks it;
+#   276 and 4 before the offsets became 64-bit).
 # Idea: the TMA forward's descriptors applied to Dao 2023 (FlashAttention-2), Algorithm 2, lines 5-18
 #   without line 15; FlashAttention-3 (Shah et al. 2024) moves every tile of its backward with TMA.
 # Limits: the TMA forward's (fp16/bf16; strides and (batch, head) starts multiples of 16 bytes, so d a
@@ -46,6 +47,7 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
                   BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     pid_n, pid_bhk = kit.unflatten(tl.program_id(0), tl.cdiv(NK, BLOCK_N))   # line 5: key block j ...
     hk, b = kit.unflatten(pid_bhk, HKV)                # ... of batch b, kv head hk
+    b, hk = b.to(tl.int64), hk.to(tl.int64)            # offsets in 64 bits (kit: Offsets)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)           # (BLOCK_N,) key rows
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -58,20 +60,27 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     # Causal: query blocks before lo see none of key block j; those starting before hi_masked see part.
     lo, hi_masked = kit.query_range(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    h = hk * GROUP                                     # the group's first query head: its Q, dO, LSE, D
+    q_base = Q + b * stride_qb + h * stride_qh
+    do_base = DO + b * stride_dob + h * stride_doh
+    lse_base = LSE + (b * H + h) * NQ
+    delta_base = DELTA + (b * H + h) * NQ
     for g in range(0, GROUP):                          # GQA: every query head reading kv head hk
-        h = hk * GROUP + g
-        q_desc = kit.desc_2d(Q + b * stride_qb + h * stride_qh, NQ, D, stride_qn, BLOCK_M, BLOCK_D)
-        do_desc = kit.desc_2d(DO + b * stride_dob + h * stride_doh, NQ, D, stride_don, BLOCK_M, BLOCK_D)
-        row_base = (b * H + h) * NQ
+        q_desc = kit.desc_2d(q_base, NQ, D, stride_qn, BLOCK_M, BLOCK_D)
+        do_desc = kit.desc_2d(do_base, NQ, D, stride_don, BLOCK_M, BLOCK_D)
         for start_m in range(lo, NQ, BLOCK_M):         # line 8: for the query blocks i
             q = q_desc.load([start_m, 0])              # Q_i, dO_i: one TMA copy each
             do = do_desc.load([start_m, 0])
             if UPCAST:
                 q = q.to(tl.float32)
                 do = do.to(tl.float32)
-            dk, dv = kit.dkdv_step(dk, dv, q, do, k, v, LSE + row_base, DELTA + row_base, start_m,
+            dk, dv = kit.dkdv_step(dk, dv, q, do, k, v, lse_base, delta_base, start_m,
                                    start_m + offs_m0, offs_n, hi_masked, NQ, NK, qk_scale, CAUSAL,
                                    PRECISION)          # lines 9-16, version 2's own step
+        q_base += stride_qh                            # the next query head of the group, as version 2
+        do_base += stride_doh
+        lse_base += NQ
+        delta_base += NQ
     dk = dk * scale                                    # dS = scale * dS: applied once, at the end
     kit.desc_2d(DK + b * stride_dkb + hk * stride_dkh, NK, D, stride_dkn, BLOCK_N, BLOCK_D).store(
         [start_n, 0], dk.to(DK.dtype.element_ty))      # line 18: rows past NK are dropped

@@ -17,15 +17,16 @@
 #   triton 3.9 removed).
 # Limits: head dim <= 256 (the tile is padded to the next power of two >= 16, loads are masked);
 #   fp16, bf16, fp32 (fp32 in true fp32 unless allow_tf32); bf16 needs sm_80+. Any B·H (flat grid, up
-#   to 2^31 - 1 programs); offsets are 32-bit integers, so each tensor must hold < 2^31 elements.
+#   to 2^31 - 1 programs); offsets are 64-bit (kit's "Offsets"), so a tensor may hold 2^31 elements or
+#   more; Nq and Nk each < 2^31.
 # Run: flashlib.attention(q, k, v, backend="triton"); on a CPU it runs in Triton's interpreter.
 """FlashAttention-2 forward kernel and its launcher.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
 import torch
 
-from . import INTERPRET, flat_grid, kit, triton, tl
-from .configs import Config, launch
+from . import flat_grid, kit, triton, tl
+from .configs import Config, launch, tile_plan
 from .spec import KernelSpec, staged_bytes
 
 __all__ = ["forward", "grid", "SPEC"]
@@ -41,10 +42,12 @@ def _fwd_kernel(Q, K, V, O, LSE,
     pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))   # line 3: query block i ...
     h, b = kit.unflatten(pid_bh, H)                   # ... of batch b, head h
     hk = h // GROUP                                   # GQA: the kv head this query head reads
+    b, h, hk = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64)   # offsets in 64 bits (kit: Offsets)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
+    rows = offs_m.to(tl.int64)                        # for their offsets: rows x stride can pass 2^31
     offs_d = tl.arange(0, BLOCK_D)                    # (BLOCK_D,) head dim, padded to a power of 2
     row_ok = offs_m < NQ
-    q_rows = Q + b * stride_qb + h * stride_qh + offs_m * stride_qn
+    q_rows = Q + b * stride_qb + h * stride_qh + rows * stride_qn
     q = kit.load_tile(q_rows, row_ok, offs_d, D, UPCAST)      # line 4: Q_i (BLOCK_M, BLOCK_D)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)      # line 5: m_i = -inf, l_i = 0, O_i = 0
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -60,8 +63,8 @@ def _fwd_kernel(Q, K, V, O, LSE,
                                lo_masked, hi, NK, NK - NQ, D, qk_scale, BLOCK_N, kit.MASKED, CAUSAL,
                                UPCAST, PRECISION)
     o, lse = kit.finish(acc, l_i, m_i)                        # lines 12-13: O_i, L_i (natural log)
-    kit.store_tile(O + b * stride_ob + h * stride_oh + offs_m * stride_on, row_ok, offs_d, D, o)  # 14
-    tl.store(LSE + pid_bh * NQ + offs_m, lse, mask=row_ok)                                       # 15
+    kit.store_tile(O + b * stride_ob + h * stride_oh + rows * stride_on, row_ok, offs_d, D, o)   # 14
+    tl.store(LSE + (b * H + h) * NQ + offs_m, lse, mask=row_ok)                           # 15
 
 
 def grid(B: int, H: int, NQ: int, block_m: int) -> tuple[int]:
@@ -107,10 +110,11 @@ def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, co
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]
     block_d = kit.block_d(D)
+    upcast, elem_bytes = tile_plan(q)        # fp32 tiles where fp16 ones fail (configs.upcast_tiles)
     o = torch.empty_like(q)
     lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
     args = dict(Q=q, K=k, V=v, O=o, LSE=lse, qk_scale=kit.qk_scale(scale), H=H, GROUP=H // HKV, NQ=NQ,
-                NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d, UPCAST=INTERPRET and q.dtype == torch.bfloat16,
+                NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d, UPCAST=upcast,
                 PRECISION="tf32" if allow_tf32 else "ieee")
     if extra:
         args.update(extra)
@@ -118,5 +122,5 @@ def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, co
 
     def run(cfg):
         return spec.launch(cfg, **args) if around is None else around(lambda: spec.launch(cfg, **args))
-    launch(spec, q.device, block_d, q.element_size(), run, config)
+    launch(spec, q.device, block_d, elem_bytes, run, config)
     return o, lse

@@ -26,7 +26,7 @@
 #   call qualifies and why not. Device-side descriptors need a global scratch buffer (128 bytes per
 #   descriptor per program): the launcher supplies it through triton.set_allocator, scoped to its own
 #   launch (a copy of the context), so the caller's allocator is left alone. Head dim <= 256, any B·H
-#   (flat grid), 32-bit offsets as version 1. Measured on no GPU yet: it is opt-in
+#   (flat grid), 64-bit offsets as version 1. Measured on no GPU yet: it is opt-in
 #   (FLASHLIB_TRITON_FWD=tma, or this module's forward directly), and `flashlib bench` times it beside version 1.
 # Run: flashlib.kernels.triton.fa2_fwd_tma.forward(q, k, v, causal=True, scale=d ** -0.5); on a CPU it
 #   runs in Triton's interpreter, which checks the descriptors' alignment rules too.
@@ -41,10 +41,10 @@ import dataclasses
 import torch
 
 from ...validation import check_flag, check_scale, check_tensors
-from . import fa2_fwd, kit, triton, tl
+from . import fa2_fwd, kit, triton, tl, versions
 from .configs import Config
 
-__all__ = ["forward", "supported", "with_scratch", "SPEC"]
+__all__ = ["forward", "supported", "descriptors_missing", "with_scratch", "SPEC"]
 
 
 @triton.jit
@@ -78,6 +78,7 @@ def _fwd_tma_kernel(Q, K, V, O, LSE,
     pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))   # line 3: query block i ...
     h, b = kit.unflatten(pid_bh, H)                   # ... of batch b, head h
     hk = h // GROUP                                   # GQA: the kv head this query head reads
+    b, h, hk = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64)   # offsets in 64 bits (kit: Offsets)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)          # (BLOCK_M,) query rows
     # One 2-D descriptor per tensor for this (batch, head): shape (N, D), so rows past N and columns
@@ -100,7 +101,7 @@ def _fwd_tma_kernel(Q, K, V, O, LSE,
                                  qk_scale, BLOCK_N, kit.MASKED, CAUSAL, UPCAST, PRECISION, WARP_SPECIALIZE)
     o, lse = kit.finish(acc, l_i, m_i)                        # lines 12-13: O_i, L_i (natural log)
     o_desc.store([start_m, 0], o.to(O.dtype.element_ty))     # line 14: rows past NQ are dropped
-    tl.store(LSE + pid_bh * NQ + offs_m, lse, mask=offs_m < NQ)                                 # 15
+    tl.store(LSE + (b * H + h) * NQ + offs_m, lse, mask=offs_m < NQ)                            # 15
 
 
 # Version 1's interface (arguments, grid, config tables, shared memory) plus WARP_SPECIALIZE.
@@ -108,9 +109,31 @@ SPEC = dataclasses.replace(fa2_fwd.SPEC, name="fa2_fwd_tma", fn=_fwd_tma_kernel,
                            constexprs=(*fa2_fwd.SPEC.constexprs, "WARP_SPECIALIZE"))
 
 
+def descriptors_missing(version=None) -> str | None:
+    """Why this Triton has no device-side tensor descriptors (one sentence), or None: they exist from
+    triton 3.4 on (``tl.make_tensor_descriptor``, with ``triton.set_allocator`` for their scratch, which
+    3.3 added). ``version``: a Triton version (None: the installed one, checked for both names too).
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_versions.py.
+    """
+    v = versions.parse(version) if version is not None else versions.installed()
+    missing = [n for n, m in (("tl.make_tensor_descriptor", tl), ("triton.set_allocator", triton))
+               if version is None and not hasattr(m, n.split(".")[1])]
+    if versions.has_tensor_descriptors(v) and not missing:
+        return None
+    have = "triton " + ".".join(map(str, v))
+    names = ", ".join(missing) or "tl.make_tensor_descriptor"
+    return (f"{have} has no device-side tensor descriptors ({names} missing; triton >= 3.4 has "
+            "them): versions 1 and 2 run instead")
+
+
+_NO_DESCRIPTORS = descriptors_missing()       # this process's Triton: asked once, at import
+
+
 def supported(q, k, v, do=None) -> str | None:
     """None if tensor descriptors can carry these tensors (and ``do``, for the backward), else why not
-    (one sentence).
+    (one sentence). This Triton must have tensor descriptors (:func:`descriptors_missing`: 3.4 on).
 
     TMA's rules: fp16/bf16 here, the last dim contiguous, every other stride and every (batch, head)
     start a multiple of 16 bytes, the base 16-byte aligned; rows that do not overlap (a 2-D descriptor
@@ -123,6 +146,8 @@ def supported(q, k, v, do=None) -> str | None:
         if t is not None and not isinstance(t, torch.Tensor):
             check_tensors(q, k, v)                  # raises the TypeError naming the argument
             raise TypeError(f"do must be a torch.Tensor or None, got {type(do).__name__}")
+    if _NO_DESCRIPTORS:
+        return _NO_DESCRIPTORS
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"the TMA kernels take float16 or bfloat16, got {q.dtype} (versions 1 and 2 run it)"
     for name, t in (("q", q), ("k", k), ("v", v), ("do", do)):

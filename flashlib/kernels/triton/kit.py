@@ -25,8 +25,21 @@
 #     block). Split into two stages, dK/dV spilled 696 bytes on sm_90 instead of 288 and began to spill
 #     on sm_75, and the configs an H100 showed right were measured with one loop (compile report,
 #     triton 3.9).
+#   * Offsets: a tensor may hold 2^31 elements or more (a decode cache of B = 72, Hkv = 8, Nmax = 32768,
+#     d = 128 holds 2.4e9, 4.8 GB in fp16), where a 32-bit offset wraps silently or faults. So every
+#     index that multiplies a stride — batch b, head h, rows — and every (batch·head) row base of the
+#     LSE, D and decode-partial buffers is cast to 64 bits first (.to(tl.int64), as Triton's tutorial
+#     casts off_z and off_h), then multiplied (ptxas makes them IMAD.WIDE: 10 in the forward's sm_80
+#     SASS before, 74 after). Masks, grid decoding and column offsets (offs_d < BLOCK_D <= 256,
+#     stride 1) stay 32-bit. The dK/dV kernels walk their group's head pointers instead of recomputing
+#     them (see there). Cross-compiled by triton 3.9 at the compile report's tiles: no new spill on
+#     sm_75/sm_80; on sm_90 dK/dV spills 216 bytes (276 before) and its TMA twin 8 (4); registers
+#     -20..+9 per kernel; the SASS 1-10 % longer (static count; no GPU has timed it yet).
+#     tests/kernels/triton/test_triton_offsets.py checks the TTIR and runs views past 2^31 elements in
+#     the interpreter.
 # Idea: Triton's fused-attention tutorial (its _attn_fwd_inner with a STAGE argument, exp2 with the
-#   scale folded into log2 e); our own code, plain pointer arithmetic (no block pointers).
+#   scale folded into log2 e; off_z.to(tl.int64) * stride_qz for the head's base); our own code, plain
+#   pointer arithmetic (no block pointers).
 # Limits: helpers take constexpr flags where the kernels differ (CAUSAL, UPCAST, STAGE), so each
 #   kernel compiles only the branch it uses.
 # Run: the kernels call these; flashlib.show(kit.attend) displays one.
@@ -234,12 +247,13 @@ def load_kv(k_base, v_base, rows, stride_kn, stride_vn, NK, offs_d, D, STAGE: tl
     (a FULL block lies inside [0, NK)).
 
     Explained in: notebooks/07_triton."""
+    offs = rows.to(tl.int64)                              # rows x row stride can pass 2^31: 64 bits
     if STAGE == MASKED:
-        k = load_tile(k_base + rows * stride_kn, rows < NK, offs_d, D, UPCAST)
-        v = load_tile(v_base + rows * stride_vn, rows < NK, offs_d, D, UPCAST)
+        k = load_tile(k_base + offs * stride_kn, rows < NK, offs_d, D, UPCAST)
+        v = load_tile(v_base + offs * stride_vn, rows < NK, offs_d, D, UPCAST)
     else:
-        k = load_tile(k_base + rows * stride_kn, None, offs_d, D, UPCAST)
-        v = load_tile(v_base + rows * stride_vn, None, offs_d, D, UPCAST)
+        k = load_tile(k_base + offs * stride_kn, None, offs_d, D, UPCAST)
+        v = load_tile(v_base + offs * stride_vn, None, offs_d, D, UPCAST)
     return k, v
 
 

@@ -35,6 +35,88 @@ def test_bf16_refused_before_sm80():
     configs.check_dtype_arch("bfloat16", "sm_80")
 
 
+@pytest.mark.parametrize("version,compiles", [("3.2.0", False), ("3.3.1", False), ("3.4.0", True),
+                                              ("3.6.0", True), ("3.9.0", True)])
+def test_the_bf16_refusal_is_true_of_every_triton(version, compiles):
+    """Finding 8: the message said Triton fails to compile bf16 on a T4, which holds up to 3.3 only (3.4
+    on compiles it, for CUDA cores). The refusal stays on every version; its reason is the hardware's."""
+    with pytest.raises(ValueError) as info:
+        configs.check_dtype_arch("bfloat16", "sm_75", version)
+    message = str(info.value)
+    assert "no bfloat16 tensor cores" in message and "every Triton" in message
+    assert f"triton {version}" in message
+    assert ("compiles bfloat16 there for CUDA cores only" in message) is compiles
+    assert ("cannot compile bfloat16 there" in message) is not compiles
+    assert "kernel_dtypes" in message
+
+
+# What the fp32 tables' candidates compile to: (registers, spill bytes, shared bytes) per thread/block at
+# d = 64, 128, 256, cross-compiled as the JIT compiles them (pointers, strides and D divisible by 16),
+# causal, ieee, the 64-bit-offset kernels, triton 3.9.0 (pinned), 2026-11-26 (configs.py's table comment).
+# The version matrix (test_triton_matrix.py) compiles them again; these figures check the choice rule.
+FP32_MEASURED = {
+    ("sm_75", "bwd_dkdv", "M16-N16-w2-s1"): [(96, 8, 17_408), (166, 0, 33_792), (255, 500, 65_536)],
+    ("sm_75", "bwd_dkdv", "M16-N16-w4-s1"): [(64, 0, 17_408), (80, 16, 33_792), (168, 0, 66_560)],
+    ("sm_75", "bwd_dkdv", "M16-N32-w4-s1"): [(96, 0, 26_624), (128, 36, 51_200), (252, 0, 100_352)],
+    ("sm_75", "bwd_dq", "M16-N16-w8-s1"): [(64, 0, 16_384), (66, 0, 32_768), (80, 0, 65_536)],
+    ("sm_75", "decode", "M16-N16-w4-s1"): [(72, 0, 12_288), (118, 0, 24_576), (168, 0, 49_152)],
+    ("sm_75", "decode", "M16-N32-w4-s1"): [(80, 0, 20_480), (144, 0, 40_960), (255, 0, 81_920)],
+    ("sm_75", "fwd", "M32-N16-w8-s1"): [(76, 0, 16_384), (80, 0, 32_768), (128, 0, 65_536)],
+    ("sm_80", "bwd_dkdv", "M16-N16-w4-s1"): [(80, 0, 17_408), (96, 0, 33_792), (168, 16, 66_560)],
+    ("sm_80", "bwd_dkdv", "M16-N32-w8-s1"): [(64, 0, 26_624), (80, 0, 51_200), (128, 52, 100_352)],
+    ("sm_80", "bwd_dq", "M16-N16-w8-s1"): [(64, 0, 16_384), (66, 0, 32_768), (80, 0, 65_536)],
+    ("sm_80", "bwd_dq", "M32-N16-w8-s1"): [(62, 0, 24_576), (64, 0, 49_152), (118, 0, 98_304)],
+    ("sm_80", "decode", "M16-N16-w4-s1"): [(72, 0, 12_288), (116, 0, 24_576), (146, 0, 49_152)],
+    ("sm_80", "decode", "M16-N32-w8-s2"): [(64, 0, 22_592), (80, 0, 43_072), (80, 0, 84_032)],
+    ("sm_80", "fwd", "M32-N16-w8-s1"): [(76, 0, 16_384), (78, 0, 32_768), (128, 0, 65_536)],
+    ("sm_90", "bwd_dkdv", "M16-N16-w4-s1"): [(62, 0, 17_408), (96, 0, 33_792), (168, 20, 66_560)],
+    ("sm_90", "bwd_dkdv", "M16-N32-w8-s1"): [(72, 0, 26_624), (80, 0, 51_200), (128, 28, 100_352)],
+    ("sm_90", "bwd_dq", "M16-N16-w8-s1"): [(56, 0, 16_384), (66, 0, 32_768), (80, 0, 65_536)],
+    ("sm_90", "bwd_dq", "M32-N16-w8-s1"): [(74, 0, 24_576), (78, 0, 49_152), (116, 0, 98_304)],
+    ("sm_90", "decode", "M16-N16-w4-s1"): [(80, 0, 12_288), (109, 0, 24_576), (179, 0, 49_152)],
+    ("sm_90", "decode", "M16-N32-w8-s2"): [(60, 0, 22_592), (77, 0, 43_072), (128, 24, 84_032)],
+    ("sm_90", "fwd", "M32-N16-w8-s1"): [(62, 0, 16_384), (78, 0, 32_768), (128, 0, 65_536)],
+}
+SPILL_ALLOWANCE = 512        # bytes per thread: ptxas spill stores accepted on sm_80/sm_90 (issue 20)
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90"])
+@pytest.mark.parametrize("kernel", configs.KERNELS)
+def test_fp32_tiles_choose_a_config_measured_to_fit_without_spilling(kernel, arch):
+    """Findings 2 and 9: fp32 ran on the fp16 tables (25-66 KB spills on sm_80/sm_90; sm_75's dK/dV and
+    decode over the T4's 64 KB at d = 256). Now elem_bytes == 4 chooses from the fp32 tables, and each
+    config chosen was measured to fit its architecture's shared memory (sm_75 at every d <= 256) and
+    to spill at most SPILL_ALLOWANCE bytes on sm_80/sm_90."""
+    limit = configs.ARCH_SMEM_LIMIT[arch] * 1024
+    for i, d in enumerate((64, 128, 256)):
+        cfg = configs.arch_config(TABLE_SPECS[kernel], arch, d, 4)
+        regs, spill, smem = FP32_MEASURED[(arch, kernel, str(cfg))][i]
+        assert smem <= limit, (kernel, arch, d, str(cfg))
+        if arch != "sm_75":
+            assert spill <= SPILL_ALLOWANCE, (kernel, arch, d, str(cfg))
+
+
+def test_fp32_tables_are_the_ones_measured_and_fp16_keeps_its_own():
+    for arch in ("sm_75", "sm_80", "sm_90"):
+        for kernel in configs.KERNELS:
+            assert all((arch, kernel, str(c)) in FP32_MEASURED for c in configs.table(arch, 4)[kernel])
+    assert configs.table("sm_86", 4) is configs.FP32 and configs.table("sm_90a", 4) is configs.SM90_FP32
+    assert configs.table("sm_75", 2) is configs.SM75 and configs.table("sm_89", 2) is configs.CANDIDATES
+    assert configs.arch_config(fa2_fwd.SPEC, "sm_90", 128, 2) == configs.SM90["fwd"][0]
+    with pytest.raises(ValueError, match="elem_bytes must be 2"):
+        configs.table("sm_80", 8)
+
+
+def test_sm75_fp32_estimates_prune_to_the_tiles_that_fit():
+    """At d = 256 the T4's dK/dV and decode take the small tiles measured to fit (65,536 and 49,152 B),
+    not the 16x32 ones (100,352 and 81,920 B) the estimates rule out; at d = 128 the larger ones fit."""
+    dkdv, dec = TABLE_SPECS["bwd_dkdv"], TABLE_SPECS["decode"]
+    assert configs.arch_candidates(dkdv, "sm_75", 256, 4) == [Config(16, 16, 2, 1)]
+    assert configs.arch_config(dkdv, "sm_75", 128, 4) == Config(16, 32, 4, 1)
+    assert configs.arch_config(dec, "sm_75", 256, 4) == Config(16, 16, 4, 1)
+    assert configs.arch_config(dec, "sm_75", 128, 4) == Config(16, 32, 4, 1)
+
+
 def test_out_of_resources_falls_back_to_the_next_candidate():
     from triton.runtime.errors import OutOfResources
     tried = []
@@ -81,7 +163,8 @@ def test_hazard_spares_the_configs_shown_right(cfg):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kernel", configs.KERNELS)
 def test_no_table_ever_offers_a_hazardous_config(kernel, arch):
-    for table in (configs.CANDIDATES, configs.SM75, configs.SM90):
+    for table in (configs.CANDIDATES, configs.SM75, configs.SM90, configs.FP32, configs.SM90_FP32,
+                  configs.SM75_FP32):
         assert all(configs.hazard(kernel, c) is None for c in table[kernel])
     for block_d in (16, 32, 64, 128, 256):
         for es in (2, 4):
