@@ -20,11 +20,21 @@ def _add_report_arguments(parser) -> None:
                         help="architecture, e.g. sm_80 (repeatable; default: sm_75 sm_80 sm_86 sm_89 sm_90)")
     parser.add_argument("--no-cache", action="store_true", help="compile afresh, ignoring the disk cache")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--triton", default=None, metavar="VERSION",
+                        help="compile the Triton rows with this Triton release, e.g. 3.6.0 (Colab's), "
+                             "installed beside this one on first use (default: the installed triton)")
+    parser.add_argument("--dtype", action="append", default=None, choices=("fp16", "bf16", "fp32"),
+                        help="the inputs' dtype of the Triton rows (repeatable; default: fp16 fp32)")
 
 
 def _run_report(args) -> int:
-    from .tools.compile_report import ARCHS, compile_report, format_report, summary
-    rows = compile_report(tuple(args.arch) if args.arch else ARCHS, cache=not args.no_cache)
+    from .tools.compile_report import ARCHS, REPORT_DTYPES, compile_report, format_report, summary
+    try:
+        rows = compile_report(tuple(args.arch) if args.arch else ARCHS, cache=not args.no_cache,
+                              triton=args.triton, dtypes=tuple(args.dtype) if args.dtype else REPORT_DTYPES)
+    except (ValueError, TypeError) as e:
+        print(f"compile-report: {e}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import require_module, require_pinned_triton, require_tool
+from conftest import require_module, require_pinned_triton, require_tool, run_cli
 
-from flashlib.kernels.triton import configs
+from flashlib.kernels.triton import configs, versions
 from flashlib.kernels.triton import spec as tspec
 from flashlib.tools import compile_report as fi
+from flashlib.tools import triton_versions
 from flashlib.hardware import ARCH_SMEM_LIMIT
 
 MATMUL_KERNELS = {"fa2_fwd", "fa2_fwd_tma", "fa2_bwd_dkdv", "fa2_bwd_dkdv_tma", "fa2_bwd_dq", "decode_split"}
@@ -56,7 +57,7 @@ def test_every_kernel_compiles_on_all_five_architectures(rows):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_no_spills_and_tensor_cores_on_ampere_and_hopper(rows, arch):
-    for r in (r for r in rows if r["arch"] == arch):
+    for r in (r for r in rows if r["arch"] == arch and r["dtype"] == "fp16"):
         assert r["spill_bytes"] <= SPILL_ALLOWED.get((r["kernel"], arch), 0), r
         if r["kernel"] in MATMUL_KERNELS:
             assert r["tensor_cores"] and r["mma_instructions"] > 0, r
@@ -67,9 +68,59 @@ def test_shared_memory_within_each_architecture_limit(rows):
         assert 0 <= r["shared_bytes"] <= ARCH_SMEM_LIMIT[r["arch"]] * 1024, r
 
 
-def test_sm75_triton_uses_no_tensor_cores(rows):
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_fp32_rows_run_tl_dot_on_cuda_cores(rows, arch):
+    """fp32 inputs with allow_tf32=False (the default: PRECISION "ieee") get no tensor cores: FFMA."""
+    fp32 = [r for r in rows if r["arch"] == arch and r["dtype"] == "fp32"]
+    assert {r["kernel"] for r in fp32} >= MATMUL_KERNELS - {"fa2_fwd_tma", "fa2_bwd_dkdv_tma"}
+    assert all(r["ok"] and r["tensor_cores"] is False and r["mma_instructions"] == 0 for r in fp32), fp32
+
+
+def test_sm75_tensor_cores_are_the_installed_tritons_fact(rows):
+    """From triton 3.3 on, tl.dot on sm_75 is FFMA (no tensor cores); up to 3.2 it is HMMA
+    (versions.mma_on_tensor_cores; the 3.2 rows are checked below)."""
+    on_tc = versions.mma_on_tensor_cores("sm_75", triton_versions.installed_version())
     for r in (r for r in rows if r["arch"] == "sm_75"):
-        assert r["tensor_cores"] is False and r["mma_instructions"] == 0, r
+        want = on_tc and r["kernel"] in MATMUL_KERNELS and r["dtype"] == "fp16"
+        assert r["tensor_cores"] is want and (r["mma_instructions"] > 0) is want, r
+
+
+@pytest.fixture(scope="module")
+def rows_3_2():
+    require_module("triton")
+    require_tool("ptxas")
+    return fi.triton_rows(("sm_75", "sm_80"), triton="3.2.0", dtypes=("fp16",))
+
+
+def test_the_report_works_on_triton_3_2_where_sm75_uses_tensor_cores(rows_3_2):
+    """Colab's oldest runtime (triton 3.2): the compile request is built in 3.2's format (an
+    AttrsDescriptor: pointers, strides and D divisible by 16), ptxas -v is read without
+    TRITON_DUMP_PTXAS_LOG, there are no TMA kernels, and tl.dot on sm_75 runs on tensor cores
+    (HMMA.1688)."""
+    assert versions.mma_on_tensor_cores("sm_75", "3.2.0")
+    assert [r["kernel"] for r in rows_3_2 if r["arch"] == "sm_75"] == \
+        [s.name for s in fi.triton_specs() if not s.name.endswith("_tma")]
+    for r in rows_3_2:
+        assert r["ok"] and r["compiler"] == "triton 3.2.0" and r["registers"] > 0, r
+        if r["kernel"] in MATMUL_KERNELS:
+            assert r["tensor_cores"] and r["mma_instructions"] > 0, r
+    assert "HMMA" in fi.sass_excerpt("fa2_fwd", "sm_75", triton="3.2.0")
+
+
+def test_rows_of_triton_3_2_are_specialised_as_the_jit_does(rows_3_2):
+    """Without the divisibility hints (pointers, strides, D) the loads are not pipelined: no cp.async
+    (LDGSTS) and less shared memory (triton 3.2, sm_80 forward M128-N64-w8-s3: 65,536 B instead of
+    98,304 B). The report must compile what the GPU's JIT compiles: pipelined, on every version."""
+    for r in (r for r in rows_3_2 if r["arch"] == "sm_80" and r["kernel"] in ("fa2_fwd", "fa2_bwd_dq")):
+        assert r["ldgsts_instructions"] > 0, r
+
+
+def test_the_report_reads_ptxas_on_triton_3_3_without_its_log_switch():
+    """3.3 and 3.4 have no TRITON_DUMP_PTXAS_LOG: rows used to compile and be marked failed."""
+    require_module("triton")
+    assert not versions.dumps_ptxas_log("3.3.1")
+    rows = fi.triton_rows(("sm_80",), triton="3.3.1", dtypes=("fp16",))
+    assert rows and all(r["ok"] and r["registers"] > 0 and r["spill_bytes"] is not None for r in rows), rows
 
 
 def test_sass_excerpt_shows_hmma_and_hgmma(rows):
@@ -82,7 +133,7 @@ def test_tma_forward_copies_tiles_with_tma_on_hopper_only(rows):
     pointer loads elsewhere; version 1 has no TMA anywhere. On sm_90 it also needs fewer
     registers than version 1 (no per-thread address arithmetic for its tiles) and runs on wgmma."""
     require_pinned_triton()                                  # registers: a fact about one Triton
-    by = {(r["kernel"], r["arch"]): r for r in rows}
+    by = {(r["kernel"], r["arch"]): r for r in rows if r["dtype"] == "fp16"}
     hopper = by[("fa2_fwd_tma", "sm_90")]
     assert hopper["tma_instructions"] >= 4 and hopper["spill_bytes"] == 0, hopper
     assert "HGMMA" in fi.sass_excerpt("fa2_fwd_tma", "sm_90")
@@ -98,7 +149,7 @@ def test_tma_dkdv_spills_far_less_than_version_2_on_hopper(rows):
     """The reason for the TMA dK/dV: at sm_90's measured tile its descriptors free the registers that
     version 2 spends on addresses (triton 3.9: 276 bytes spilled -> 4), with TMA copies instead."""
     require_pinned_triton()                                  # spills: a fact about one Triton
-    by = {(r["kernel"], r["arch"]): r for r in rows}
+    by = {(r["kernel"], r["arch"]): r for r in rows if r["dtype"] == "fp16"}
     v2, tma = by[("fa2_bwd_dkdv", "sm_90")], by[("fa2_bwd_dkdv_tma", "sm_90")]
     assert v2["config"] == tma["config"]
     assert tma["spill_bytes"] * 10 < v2["spill_bytes"] and tma["tma_instructions"] > 0, (v2, tma)
@@ -108,7 +159,7 @@ def test_tma_dkdv_spills_far_less_than_version_2_on_hopper(rows):
 def test_tables_print_every_row(rows, report):
     table = fi.format_report(rows).splitlines()
     assert len(table) == len(rows) + 2                                   # + the compilers, the heads
-    assert len(fi.summary(rows).splitlines()) == len(fi.ARCHS)
+    assert len(fi.summary(rows).splitlines()) == len(fi.ARCHS) * len(fi.REPORT_DTYPES)
     full = fi.format_report(report).splitlines()                        # with the CUDA rows' long names
     for col in ("arch", "ok"):                                           # columns line up under their heads
         start = full[1].index(f"  {col} ") + 2
@@ -134,7 +185,10 @@ def test_every_row_names_its_compiler(report):
 def test_triton_rows_are_the_kernels_their_specs_describe(rows):
     names = [s.name for s in fi.triton_specs()]
     for arch in fi.ARCHS:
-        assert [r["kernel"] for r in rows if r["arch"] == arch] == names
+        for dtype in fi.REPORT_DTYPES:
+            assert [r["kernel"] for r in rows if (r["arch"], r["dtype"]) == (arch, dtype)] == names
+            assert all(f" d128 {dtype}" in r["config"] or r["kernel"] == "decode_combine"
+                       for r in rows if (r["arch"], r["dtype"]) == (arch, dtype))
 
 
 @pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
@@ -176,3 +230,37 @@ def test_a_constexpr_the_report_has_no_value_for_is_named(monkeypatch):
 def test_bad_archs_are_refused(archs):
     with pytest.raises(ValueError, match="archs must be"):
         fi.compile_report(archs)
+
+
+@pytest.mark.parametrize("dtypes", [(), ("float16",), "fp8"])
+def test_bad_dtypes_are_refused(dtypes):
+    with pytest.raises(ValueError, match="dtypes must be"):
+        fi.compile_report(dtypes=dtypes)
+
+
+@pytest.mark.parametrize("version,error", [("3.1.0", ValueError), ("3.2", ValueError), ("latest", ValueError),
+                                           (3.2, TypeError)])
+def test_bad_triton_versions_are_refused(version, error):
+    with pytest.raises(error, match="version must be"):
+        fi.compile_report(triton=version)
+
+
+def test_other_tritons_install_into_their_own_folders():
+    """triton==X installs (pip --no-deps --target) into <cache>/triton/X; the installed one needs none."""
+    require_module("triton")
+    assert triton_versions.ensure(triton_versions.installed_version()) is None
+    folder = triton_versions.ensure("3.2.0")
+    assert folder == triton_versions.folder("3.2.0") and folder.name == "3.2.0"
+    assert "'3.2.0'" in (folder / "triton" / "__init__.py").read_text() or \
+        list(folder.glob("triton-3.2.0.dist-info"))
+    assert triton_versions.ensure("3.2.0") == folder                # the second call installs nothing
+
+
+def test_cli_compiles_with_another_triton_and_dtype():
+    require_module("triton")
+    require_tool("nvcc")
+    out = run_cli("compile-report", "--triton", "3.6.0", "--dtype", "fp32", "--arch", "sm_80")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "triton 3.6.0" in out.stdout.splitlines()[0] and "d128 fp32" in out.stdout, out.stdout[:2000]
+    bad = run_cli("compile-report", "--triton", "2.9.0")
+    assert bad.returncode == 2 and "version must be" in bad.stderr, bad.stderr
