@@ -22,6 +22,12 @@ On a machine with no CUDA GPU nothing is timed: :func:`main` says so and prints 
 summary instead (what the kernels compile to on each GPU), and ``--save`` writes nothing — flashlib
 never prints or records a GPU number it did not measure.
 
+A dtype this GPU's kernels do not take (bfloat16 below sm_80: :func:`flashlib.hardware.kernel_dtypes`) is
+refused before anything runs, with exit code :data:`EXIT_NOT_SUPPORTED` (``make bench-gpu`` reports it as
+skipped and goes on). Speed goals are reported here, met or MISSED (:data:`GOALS`), never asserted by
+the correctness tier: ``--generate`` times a tiny Llama's generation per token through flashlib.auto
+against plain SDPA (:func:`generate_per_token`), and the small call is compared with SDPA's latency.
+
 Explained in: notebooks/07_triton.
 """
 from __future__ import annotations
@@ -42,7 +48,7 @@ from typing import Callable
 __all__ = ["SCHEMA", "SMALL_SHAPE", "SMALL_TIMES", "NOT_ASKED", "SDPA_BACKENDS", "FLASHLIB_IMPLS", "TRITON_KERNELS",
            "CUDA_NO_BACKWARD", "host_timer", "small_ratios",
            "TMA_NO_DECODE", "TMA_REFUSED", "attention_flops", "decode_bytes", "environment", "triton_kernels", "run",
-           "ratios", "save", "load", "result_name", "plot", "plot_file", "main"]
+           "ratios", "save", "load", "result_name", "plot", "plot_file", "main", "EXIT_NOT_SUPPORTED", "GOALS"]
 
 DEFAULT_NS = (512, 1024, 2048, 4096, 8192, 16384)
 SCHEMA = "flashlib-bench/2"        # the result file's format; a change to it gets a new number
@@ -78,6 +84,16 @@ SMALL_SHAPE = (1, 8, 128, 64)                      # (B, H, N, d)
 SMALL_TIMES = ("call_ms", "train_ms")              # inference forward; forward + backward (grads of q, k, v)
 DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}     # bench dtypes and their bytes per element
 DEFAULT_TIMER = "triton.testing.do_bench(return_mode='median')"
+# `python -m flashlib bench` exits with this when the run cannot be made here and nothing ran (this GPU's
+# kernels do not take --dtype; --generate without transformers): make bench-gpu reports it as skipped
+# and goes on; any other non-zero code stops the sweep.
+EXIT_NOT_SUPPORTED = 4
+# Speed goals: (what, the limit, whether the measured ratio must be at most or at least the limit). The
+# bench reports each as met or MISSED; no test asserts them (a T4, whose Triton kernels run on CUDA
+# cores, misses them, and a shared GPU makes timings flaky).
+GOALS = {"generate": ("flashlib.auto's time per generated token / plain SDPA's (issue 10)", 1.1, "at most"),
+         "small": ("the small call's speed against the fastest SDPA backend (SDPA time / flashlib time: "
+                   "within 2x)", 0.5, "at least")}
 _ENV_FIELDS = ("device", "compute_capability", "sm_count", "driver", "cuda", "torch", "triton", "flashlib",
                "commit", "dirty", "date")
 _WHY_MAX = 600                                     # characters of a refusal's reason that are kept
@@ -851,6 +867,9 @@ def format_results(results: dict) -> str:
                   f"{'impl':<15} {'against':<15} {'call':>8} {'train':>8}"]
         lines += [f"{s['impl']:<15} {s['baseline']:<15} {x(s['call'])} {x(s['train'])}"
                   for s in small_ratios(results)]
+        calls = [s["call"] for s in small_ratios(results) if s["impl"] == "flashlib" and s["call"] is not None]
+        if calls:
+            lines.append(goal_line("small", min(calls)))
     notes: dict = {}                  # (impl, reason) -> the measurements it applies to
     for r in results["rows"] + [dict(r, impl=f"{r['impl']} (small call)")
                                 for r in results.get("small", {}).get("rows", [])]:
@@ -860,6 +879,124 @@ def format_results(results: dict) -> str:
         lines += ["", "why some times are missing:"]
         lines += [f"  {impl} {', '.join(keys)}: {why}" for (impl, why), keys in notes.items()]
     return "\n".join(lines)
+
+
+def goal_line(goal: str, value: float) -> str:
+    """``"goal met: <what>: 1.04 (at most 1.1)"`` or ``"goal MISSED: ..."`` for goal ``goal`` of
+    :data:`GOALS` at the measured ratio ``value``.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
+    """
+    if goal not in GOALS:
+        raise ValueError(f"goal must be one of {sorted(GOALS)}, got {goal!r}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise TypeError(f"value must be a finite number (a measured ratio), got {value!r}")
+    what, limit, sense = GOALS[goal]
+    met = value <= limit if sense == "at most" else value >= limit
+    return f"goal {'met' if met else 'MISSED'}: {what}: {value:.2f} ({sense} {limit})"
+
+
+def dtype_refusal(dtype: str, device="cuda") -> str | None:
+    """None where flashlib's kernels take ``dtype`` on ``device`` (:func:`flashlib.hardware.kernel_dtypes`),
+    else why not, naming the GPU and the dtypes it does take.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/tools/test_bench.py.
+    """
+    from ..hardware import device_facts, kernel_dtypes
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    takes = kernel_dtypes(device)
+    if dtype in takes:
+        return None
+    facts = device_facts(device)
+    arch = facts.arch if facts is not None else "this device"
+    return (f"flashlib's kernels do not take {dtype} on this GPU ({arch}; bfloat16 needs sm_80 or newer); "
+            f"they take {', '.join(takes)} here")
+
+
+def _tiny_llama(dtype, device, layers=2):
+    """A randomly initialised Llama (8 query heads on 2 kv heads), built from a config (nothing is
+    downloaded) with attention through SDPA: the model tests/gpu/test_auto_gpu.py checks for tokens."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=layers,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096,
+                         attn_implementation="sdpa")
+    return LlamaForCausalLM(config).to(device, getattr(torch, dtype)).eval()
+
+
+def _hf_generate(model, ids, new):
+    """``new`` greedy tokens after ``ids`` (B, T), never stopped early by an end-of-sequence token."""
+    import torch
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                              min_new_tokens=new, do_sample=False, pad_token_id=0)
+
+
+def generate_per_token(*, batch=4, prompt=2048, new=32, repeats=3, dtype="float16", device="cuda",
+                       model=None, generate=None, clock=None) -> dict:
+    """Milliseconds per generated token of a model's greedy generation, with and without flashlib.auto:
+    ``(t(new + 1) - t(1)) / new`` (the prefill subtracted), best of ``repeats``, GPU synchronised around
+    each timing. Returns ``{"sdpa_ms", "auto_ms", "ratio": auto / sdpa, "decode_calls", "goal"}``;
+    ``decode_calls`` counts the timed calls flashlib.auto sent to flashlib.decode, ``goal`` is
+    :func:`goal_line` for :data:`GOALS` ``["generate"]`` ("goal not measured", saying why, where no timed
+    call reached flashlib.decode).
+
+    ``model``: default a tiny random Llama (``transformers`` needed) in ``dtype``; ``generate(model, ids,
+    new)``: default Hugging Face's greedy ``model.generate``; ``clock``: default ``time.perf_counter``
+    (tests pass fakes to run the plumbing on a CPU).
+
+    Explained in: notebooks/09_models.
+    Tested in: tests/tools/test_bench.py.
+    """
+    import time
+
+    import torch
+
+    import flashlib.auto as auto
+    for name, value in (("batch", batch), ("prompt", prompt), ("new", new), ("repeats", repeats)):
+        if not _positive_int(value):
+            raise ValueError(f"generate_per_token: {name} must be a positive int, got {value!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"generate_per_token: dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    model = _tiny_llama(dtype, device) if model is None else model
+    generate = _hf_generate if generate is None else generate
+    clock = time.perf_counter if clock is None else clock
+    ids = torch.randint(3, 512, (batch, prompt), generator=torch.Generator().manual_seed(1)).to(device)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+    def best(n):
+        times = []
+        for _ in range(repeats):
+            sync()
+            t0 = clock()
+            generate(model, ids, n)
+            sync()
+            times.append(clock() - t0)
+        return min(times)
+
+    def per_token():
+        return (best(new + 1) - best(1)) / new * 1e3
+
+    generate(model, ids, 4)                             # warm up SDPA and the allocator
+    with auto.enabled():
+        generate(model, ids, 4)                         # compile flashlib's kernels for these shapes
+        before = auto.stats["decode"]
+        auto_ms = per_token()
+        decode_calls = auto.stats["decode"] - before
+    sdpa_ms = per_token()
+    ratio = auto_ms / sdpa_ms if sdpa_ms > 0 else math.inf
+    if decode_calls == 0:                               # the timing never reached Flash-Decoding
+        goal = f"goal not measured: {GOALS['generate'][0]}: no timed call went to flashlib.decode"
+    elif not math.isfinite(ratio):
+        goal = f"goal not measured: {GOALS['generate'][0]}: plain SDPA's time per token was not positive"
+    else:
+        goal = goal_line("generate", ratio)
+    return {"sdpa_ms": sdpa_ms, "auto_ms": auto_ms, "ratio": ratio, "decode_calls": decode_calls,
+            "goal": goal}
 
 
 def main(args) -> int:
@@ -881,6 +1018,26 @@ def main(args) -> int:
               "What the kernels compile to on each GPU instead (flashlib.tools.compile_report.compile_report):")
         from .compile_report import compile_report, summary
         print(summary(compile_report()))
+        return 0
+    refusal = dtype_refusal(args.dtype)
+    if refusal is not None:
+        print(f"--dtype {args.dtype}: {refusal}. Nothing was run (exit code {EXIT_NOT_SUPPORTED}: not "
+              "supported here).", file=sys.stderr)
+        return EXIT_NOT_SUPPORTED
+    if args.generate:
+        if args.save:
+            print(f"--save {args.save}: --generate prints its measurement only (the result files hold the "
+                  "sweep); nothing was run", file=sys.stderr)
+            return 2
+        if importlib.util.find_spec("transformers") is None:
+            print("--generate times a Hugging Face model's generation: the Python package 'transformers' "
+                  "is not installed (pip install transformers). Nothing was run (exit code "
+                  f"{EXIT_NOT_SUPPORTED}: not supported here).", file=sys.stderr)
+            return EXIT_NOT_SUPPORTED
+        g = generate_per_token(dtype=args.dtype)
+        print(f"ms per generated token (tiny Llama, B=4, 2048-token prompt, {args.dtype}): plain SDPA "
+              f"{g['sdpa_ms']:.3f}, flashlib.auto {g['auto_ms']:.3f} ({g['decode_calls']} calls to "
+              f"flashlib.decode timed)\n{g['goal']}")
         return 0
     folder = args.save is not None and pathlib.Path(args.save).is_dir()   # a folder: result_name() inside
     if args.save:                     # refuse before a long run, not after it
@@ -928,6 +1085,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--only", nargs="+", choices=("fwd", "bwd", "decode"), default=["fwd", "bwd", "decode"],
                         help="time only these (e.g. --only decode for long KV caches); the others are null, "
                              "with the reason")
+    parser.add_argument("--generate", action="store_true",
+                        help="instead of the sweep: a tiny Llama's time per generated token through "
+                             "flashlib.auto against plain SDPA (needs transformers), and its goal")
     parser.add_argument("--no-small", action="store_true",
                         help=f"skip the small call (B, H, N, d = {SMALL_SHAPE}: host overhead against SDPA)")
     parser.add_argument("--out", default="flashlib-bench.png", help="plot file ('' for none)")

@@ -4,7 +4,10 @@ A decode step that reads anything back from the GPU (for example the range of ``
 the host wait for every queued kernel, about 100 µs on an H100, and cannot be captured in a CUDA graph.
 torch's sync debug mode turns any such read into an error; a captured graph replayed on new inputs
 must give what an eager call gives. The attention tests run twice: with the default Triton kernels and
-with the TMA kernels (FLASHLIB_TRITON_FWD/BWD=tma), whose launches also allocate descriptor scratch.
+with the TMA kernels (FLASHLIB_TRITON_FWD/BWD=tma), whose launches also allocate descriptor scratch,
+where this Triton has them (3.4 on), and in every 16-bit dtype this GPU takes (bfloat16 from sm_80:
+flashlib.hardware.kernel_dtypes), chosen when collected. backend="cuda" under capture:
+tests/gpu/test_cuda_gpu.py.
 """
 from __future__ import annotations
 
@@ -12,7 +15,12 @@ import pytest
 import torch
 
 import flashlib
+from flashlib.hardware import kernel_dtypes
+from flashlib.kernels.triton import versions
 from triton_cases import make_qkv
+
+HALF = [getattr(torch, n) for n in kernel_dtypes("cuda") if n != "float32"]     # bfloat16 from sm_80
+KERNELS = ["default"] + (["tma"] if versions.has_tensor_descriptors() else [])
 
 
 @pytest.fixture
@@ -25,7 +33,7 @@ def no_sync():
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.fixture(params=["default", "tma"])
+@pytest.fixture(params=KERNELS)
 def kernels(request, monkeypatch):
     """The Triton kernels flashlib.attention runs: versions 1/2, or the TMA kernels (the tests check
     with :func:`assert_kernels` that these are the ones chosen)."""
@@ -104,9 +112,10 @@ def test_decode_is_captured_in_a_cuda_graph_and_replays_on_new_inputs(with_lengt
     torch.testing.assert_close(out, want, rtol=0, atol=0)          # the same kernels on the same inputs
 
 
+@pytest.mark.parametrize("dtype", HALF, ids=lambda t: str(t)[6:])
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_inference_is_captured_in_a_cuda_graph(causal, kernels):
-    q, k, v, do = make_qkv(2, 8, 2, 300, 517, 64, torch.bfloat16, seed=2, device="cuda")
+def test_attention_inference_is_captured_in_a_cuda_graph(causal, kernels, dtype):
+    q, k, v, do = make_qkv(2, 8, 2, 300, 517, 64, dtype, seed=2, device="cuda")
     assert_kernels(kernels, q, k, v, do)
 
     def step():

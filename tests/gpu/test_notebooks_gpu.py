@@ -3,26 +3,19 @@
 Chapters that use kernels put their tensors on the GPU when there is one (and interpret on a CPU);
 the CPU suite checks their committed outputs with nbval, here we only need each to run without an
 error. Needs nbclient and ipykernel, which GPU machines often lack: the test then skips with the
-reason (FLASHLIB_REQUIRE_ALL=1 makes that a failure).
+reason (tests/conftest.py's require_module; FLASHLIB_REQUIRE_ALL=1, which make test-gpu sets, makes that
+a failure).
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import pathlib
 
 import pytest
+from conftest import require_module
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-
-
-def _require(module: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        reason = f"running the chapters needs the Python package {module!r}, not installed here"
-        if os.environ.get("FLASHLIB_REQUIRE_ALL", "") not in ("", "0"):
-            pytest.fail(reason + " (FLASHLIB_REQUIRE_ALL is set)", pytrace=False)
-        pytest.skip(reason)
 
 
 def test_there_are_chapters():
@@ -32,7 +25,7 @@ def test_there_are_chapters():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_chapter_runs_top_to_bottom_on_the_gpu(path, monkeypatch):
     for module in ("nbclient", "nbformat", "ipykernel"):
-        _require(module)
+        require_module(module)
     import nbformat
     from nbclient import NotebookClient
     # The kernel imports this checkout's flashlib (the chapters' install cell then does nothing).

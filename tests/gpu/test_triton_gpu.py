@@ -21,14 +21,19 @@ import flashlib
 from flashlib.testing import (assert_attention_right, assert_close, assert_fa_rule, plain_torch_attention,
                               reference_gqa)
 from flashlib.backends import triton as triton_backend
-from flashlib.kernels.triton import configs, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma
+from flashlib.hardware import kernel_dtypes
+from flashlib.kernels.triton import configs, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma, versions
 from flashlib.kernels.triton.configs import Config
 from triton_cases import TABLE_SPECS, case_id, make_qkv, run_triton  # tests/triton_cases.py, shared with tests/kernels/triton
 
 DEVICE = torch.device("cuda")
-BF16_OK = torch.cuda.get_device_capability(0) >= (8, 0)
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if BF16_OK else [])
+# Chosen by capability when collected, never skipped: the dtypes this GPU takes (bfloat16 from sm_80;
+# the others are tested to be refused, below), and the TMA kernels where this Triton has tensor
+# descriptors (3.4 on; before, FLASHLIB_TRITON_FWD/BWD=tma is tested to fall back to versions 1 and 2).
+DTYPES = [getattr(torch, n) for n in kernel_dtypes(DEVICE)]
 HALF_DTYPES = [d for d in DTYPES if d != torch.float32]      # what the TMA kernels take
+REFUSED = [d for d in (torch.float16, torch.bfloat16, torch.float32) if d not in DTYPES]
+TMA_OK = versions.has_tensor_descriptors()
 # Where the plain same-dtype baseline is exact (Nq = Nk = 1: dQ is exactly 0), 2x or 3x its error is 0
 # and one rounding in the kernel would fail the rule: allow 1e-5, far under a 16-bit error (~1e-3).
 FLOOR = 1e-5
@@ -88,7 +93,7 @@ def test_backward_is_bitwise_deterministic_and_right_at_real_sizes(case, dtype):
     check_against_oracle(q, k, v, do, causal, first)
 
 
-@pytest.mark.parametrize("kernel", ["bwd_dkdv", "bwd_dq", "bwd_dkdv_tma"])
+@pytest.mark.parametrize("kernel", ["bwd_dkdv", "bwd_dq"] + (["bwd_dkdv_tma"] if TMA_OK else []))
 def test_every_backward_candidate_of_this_gpu_is_right_and_deterministic(kernel):
     """Not only the first choice: every config the table may fall back to, forced one at a time (the
     TMA dK/dV, fa2_bwd_tma, reads the dK/dV table too)."""
@@ -117,7 +122,8 @@ def test_every_backward_candidate_of_this_gpu_is_right_and_deterministic(kernel)
     assert tried > 0
 
 
-@pytest.mark.parametrize("backward", [fa2_bwd.backward, fa2_bwd_tma.backward], ids=["version2", "tma_dkdv"])
+@pytest.mark.parametrize("backward", [fa2_bwd.backward] + ([fa2_bwd_tma.backward] if TMA_OK else []),
+                         ids=["version2", "tma_dkdv"][:1 + TMA_OK])
 def test_a_config_of_the_class_shown_wrong_is_run_safely(backward):
     """A caller asking for the bad class (flashlib.attention's block_q/block_k) gets its safe twin."""
     q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, torch.float16, seed=6, device=DEVICE)
@@ -367,3 +373,34 @@ def test_torch_compile_sees_one_op_and_matches_eager():
     assert torch.equal(out.detach(), eager[0])
     for a, b in zip(grads, eager[2]):
         assert torch.equal(a, b)
+
+
+# ------------------------------------------- what this GPU or this Triton cannot run: tested as refused
+if REFUSED:
+    @pytest.mark.parametrize("dtype", REFUSED, ids=lambda t: str(t)[6:])
+    def test_dtypes_this_gpu_lacks_are_refused_with_the_documented_error(dtype):
+        """bfloat16 below sm_80 (flashlib.hardware.kernel_dtypes leaves it out): the ValueError of
+        configs.check_dtype_arch, raised before any kernel compiles."""
+        q, k, v, _ = make_qkv(1, 2, 1, 33, 40, 64, dtype, seed=9, device=DEVICE)
+        why = "bfloat16 needs compute capability 8.0 \\(sm_80\\) or newer"
+        with pytest.raises(ValueError, match=why):
+            flashlib.attention(q, k, v, causal=True, backend="triton")
+        with pytest.raises(ValueError, match=why):
+            flashlib.decode(q[:, :, :1], k, v, backend="triton")
+
+if not TMA_OK:
+    del (test_tma_forward_matches_the_oracle_and_version_1, test_tma_forward_rows_that_see_nothing_are_zero,
+         test_every_forward_candidate_of_this_gpu_runs_the_tma_forward_right,
+         test_backward_after_the_tma_forward_is_right_and_bitwise_deterministic,
+         test_tma_forward_beyond_65535_batch_heads, test_tma_dkdv_gradients_match_the_oracle,
+         test_tma_dkdv_is_bitwise_deterministic_and_right_against_version_2, test_tma_dkdv_beyond_65535_batch_heads)
+
+    def test_asking_for_the_tma_kernels_on_a_triton_without_descriptors_runs_versions_1_and_2(monkeypatch):
+        """Triton before 3.4 has no tl.make_tensor_descriptor: FLASHLIB_TRITON_FWD/BWD=tma fall back."""
+        monkeypatch.setenv("FLASHLIB_TRITON_FWD", "tma")
+        monkeypatch.setenv("FLASHLIB_TRITON_BWD", "tma")
+        q, k, v, do = make_qkv(1, 4, 2, 300, 333, 64, torch.float16, seed=10, device=DEVICE)
+        assert triton_backend.forward_version(q, k, v) == "v1"
+        assert triton_backend.backward_version(q, k, v, do) == "v2"
+        assert fa2_fwd_tma.supported(q, k, v) is not None
+        check_against_oracle(q, k, v, do, True, run_triton(q, k, v, do, True))

@@ -42,6 +42,14 @@ def synthetic_results(ns=(512, 1024)) -> dict:
     return {"environment": env, "config": config, "rows": rows}
 
 
+def fake_gpu(monkeypatch, arch="sm_90"):
+    """torch sees a CUDA GPU of architecture ``arch``, and flashlib's device facts say so (nothing runs on
+    it: the tests that use this replace bench.run)."""
+    from flashlib import hardware
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(hardware, "cuda_device", lambda device=None: hardware.CudaDevice(0, arch, 40, 65536))
+
+
 def test_flop_and_byte_formulas():
     # FA2 paper: 4 N^2 d H per batch element forward; x2.5 backward; causal halves.
     assert bench.attention_flops(1, 1, 1024, 1024, 64) == 4 * 1024 * 1024 * 64
@@ -321,7 +329,7 @@ def test_bench_no_tma_flag_skips_the_row(monkeypatch, capsys):
     """--no-tma reaches run() as tma=False (the run itself is replaced: the CLI's plumbing only)."""
     got, made_up = [], synthetic_results()
     made_up["rows"] = [bench._with_throughput(r, made_up["config"]) for r in made_up["rows"]]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fake_gpu(monkeypatch)
     monkeypatch.setattr(bench, "run", lambda *a, **kw: got.append(kw) or made_up)
     for flags, tma in (([], True), (["--no-tma"], False), (["--no-tma", "--no-cuda"], False)):
         assert cli_main(["bench", "--n", "64", "--out", "", *flags]) == 0
@@ -536,7 +544,7 @@ def test_save_into_a_folder_names_the_file(monkeypatch, tmp_path, capsys):
     """--save DIR (an existing folder) writes DIR/result_name(results); the file loads back."""
     made_up = synthetic_results()
     made_up["rows"] = [bench._with_throughput(r, made_up["config"]) for r in made_up["rows"]]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fake_gpu(monkeypatch)
     monkeypatch.setattr(bench, "run", lambda *a, **kw: made_up)
     monkeypatch.setattr(bench, "environment", lambda *a, **kw: made_up["environment"])
     assert cli_main(["bench", "--n", "64", "--out", "", "--save", str(tmp_path)]) == 0
@@ -576,9 +584,124 @@ def test_run_times_only_what_it_is_asked_for():
 def test_the_command_passes_only(monkeypatch):
     got, made_up = [], synthetic_results()
     made_up["rows"] = [bench._with_throughput(r, made_up["config"]) for r in made_up["rows"]]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fake_gpu(monkeypatch)
     monkeypatch.setattr(bench, "run", lambda *a, **kw: got.append(kw) or made_up)
     assert cli_main(["bench", "--n", "64", "--out", "", "--only", "decode"]) == 0
     assert got[-1]["only"] == ("decode_ms",)
     assert cli_main(["bench", "--n", "64", "--out", ""]) == 0
     assert got[-1]["only"] == bench.TIMES
+
+
+# ---- capability: a dtype this GPU lacks is refused before anything runs ------------------------------
+@pytest.mark.parametrize("arch, dtype, refused", [("sm_75", "bfloat16", True), ("sm_75", "float16", False),
+                                                  ("sm_75", "float32", False), ("sm_80", "bfloat16", False),
+                                                  ("sm_90", "bfloat16", False)])
+def test_the_command_refuses_a_dtype_this_gpu_lacks_with_its_own_exit_code(monkeypatch, capsys, arch, dtype,
+                                                                           refused):
+    """On a T4 (sm_75) `bench --dtype bfloat16` runs nothing and exits EXIT_NOT_SUPPORTED, which make
+    bench-gpu reports as skipped (tests/test_make_targets.py); before, the run itself failed and the sweep
+    stopped at its first bfloat16 run."""
+    got, made_up = [], synthetic_results()
+    made_up["rows"] = [bench._with_throughput(r, made_up["config"]) for r in made_up["rows"]]
+    fake_gpu(monkeypatch, arch)
+    monkeypatch.setattr(bench, "run", lambda *a, **kw: got.append(kw) or made_up)
+    rc = cli_main(["bench", "--dtype", dtype, "--n", "64", "--out", ""])
+    err = capsys.readouterr().err
+    if refused:
+        assert rc == bench.EXIT_NOT_SUPPORTED == 4 and got == []
+        assert f"--dtype {dtype}: flashlib's kernels do not take {dtype} on this GPU ({arch}" in err
+        assert "they take float16, float32 here" in err and "Nothing was run" in err
+    else:
+        assert rc == 0 and got[-1]["dtype"] == dtype and err == ""
+
+
+def test_dtype_refusal_follows_kernel_dtypes_and_rejects_unknown_dtypes(monkeypatch):
+    from flashlib import hardware
+    assert bench.dtype_refusal("bfloat16", "cpu") is None            # the interpreter takes every dtype
+    fake_gpu(monkeypatch, "sm_75")
+    assert set(hardware.kernel_dtypes("cuda")) == {"float16", "float32"}
+    assert "sm_75" in bench.dtype_refusal("bfloat16", "cuda") and bench.dtype_refusal("float16", "cuda") is None
+    with pytest.raises(ValueError, match=r"dtype must be one of \['bfloat16', 'float16', 'float32'\], got 'float64'"):
+        bench.dtype_refusal("float64")
+
+
+# ---- speed goals: reported, never asserted -----------------------------------------------------------
+def test_goal_line_says_met_or_missed():
+    assert bench.goal_line("generate", 1.04) == ("goal met: flashlib.auto's time per generated token / plain "
+                                                 "SDPA's (issue 10): 1.04 (at most 1.1)")
+    assert bench.goal_line("generate", 1.25).startswith("goal MISSED: ")
+    assert bench.goal_line("small", 0.5).startswith("goal met: ") and bench.goal_line("small", 0.49).startswith(
+        "goal MISSED: ")
+    with pytest.raises(ValueError, match="goal must be one of \\['generate', 'small'\\], got 'speed'"):
+        bench.goal_line("speed", 1.0)
+    for bad in (None, float("nan"), True):
+        with pytest.raises(TypeError, match="value must be a finite number"):
+            bench.goal_line("generate", bad)
+
+
+def _fake_generation(costs):
+    """A stand-in for a model's greedy generation on a CPU: each new token after the first is one
+    decode-shaped SDPA call (one query per head, 8 heads on 2, against the growing cache), so
+    flashlib.auto routes it to flashlib.decode; a fake clock advances ``costs[auto on?]`` per token."""
+    import flashlib.auto as auto
+    now = [0.0]
+
+    def generate(model, ids, new):
+        b, t = ids.shape
+        g = torch.Generator().manual_seed(t)
+        for step in range(1, new):
+            q = torch.randn(b, 8, 1, 16, generator=g)
+            kv = torch.randn(b, 2, t + step, 16, generator=g)
+            torch.nn.functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+        now[0] += new * costs[auto.is_enabled()]
+        return ids
+
+    return generate, (lambda: now[0])
+
+
+@pytest.mark.parametrize("auto_cost, met", [(1.0, True), (1.05, True), (2.0, False)])
+def test_generate_per_token_times_auto_against_sdpa_and_reports_the_goal(auto_cost, met):
+    """The speed check that tests/gpu/test_auto_gpu.py used to assert, moved here: the plumbing on a
+    CPU with a fake clock (a token costs 1 s with plain SDPA, ``auto_cost`` s through flashlib.auto)."""
+    generate, clock = _fake_generation({False: 1.0, True: auto_cost})
+    got = bench.generate_per_token(batch=1, prompt=8, new=4, repeats=2, device="cpu", model=object(),
+                                   generate=generate, clock=clock)
+    assert got["sdpa_ms"] == pytest.approx(1000.0) and got["auto_ms"] == pytest.approx(1000.0 * auto_cost)
+    assert got["ratio"] == pytest.approx(auto_cost)
+    assert got["decode_calls"] == 2 * 4             # repeats x (new + 1 - 1) + repeats x (1 - 1) timed steps
+    assert got["goal"].startswith("goal met: " if met else "goal MISSED: "), got["goal"]
+    with pytest.raises(ValueError, match="generate_per_token: new must be a positive int, got 0"):
+        bench.generate_per_token(new=0, model=object(), generate=generate, clock=clock)
+
+
+def test_generate_per_token_without_calls_to_decode_measures_no_goal():
+    """A model whose steps never reach flashlib.decode (here: no SDPA call at all) gives no goal verdict."""
+    now = [0.0]
+
+    def generate(model, ids, new):
+        now[0] += new
+        return ids
+
+    got = bench.generate_per_token(batch=1, prompt=8, new=4, repeats=1, device="cpu", model=object(),
+                                   generate=generate, clock=lambda: now[0])
+    assert got["decode_calls"] == 0 and got["ratio"] == pytest.approx(1.0)
+    assert got["goal"].startswith("goal not measured: ") and "no timed call went to flashlib.decode" in got["goal"]
+
+
+def test_the_command_prints_the_generate_goal_or_says_what_is_missing(monkeypatch, capsys):
+    import importlib.util
+    fake_gpu(monkeypatch)
+    monkeypatch.setattr(bench, "generate_per_token", lambda **kw: {
+        "sdpa_ms": 1.0, "auto_ms": 1.3, "ratio": 1.3, "decode_calls": 64, "goal": bench.goal_line("generate", 1.3)})
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "transformers"
+                        else real(name, *a))
+    assert cli_main(["bench", "--generate"]) == 0
+    out = capsys.readouterr().out
+    assert "plain SDPA 1.000, flashlib.auto 1.300 (64 calls to flashlib.decode timed)" in out
+    assert "goal MISSED: flashlib.auto's time per generated token" in out
+    assert cli_main(["bench", "--generate", "--save", "x.json"]) == 2
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers"
+                        else real(name, *a))
+    assert cli_main(["bench", "--generate"]) == bench.EXIT_NOT_SUPPORTED
+    assert "'transformers' is not installed" in capsys.readouterr().err

@@ -23,6 +23,7 @@ import re
 import struct
 import subprocess
 import tempfile
+import warnings
 from dataclasses import dataclass
 
 from ...hardware import flat_programs
@@ -412,27 +413,69 @@ def nvrtc_options(dirs) -> tuple[str, ...]:
     return ("-std=c++17", f"-I{build.CSRC}", *(f"-I{d}" for d in dirs))
 
 
-def _gpu_module(cupy, source: str, arch: str):
-    """Compile ``source`` for ``arch``: NVRTC with the ``-I`` dirs :mod:`flashlib.kernels.cuda.toolkit` finds
-    (dirs that hold every header the kernels include, followed through); else — no such dirs, or
-    NVRTC rejects them (headers newer than the NVRTC that CuPy loads) — nvcc, which knows its own
-    headers (``build.nvcc_cubin``, loaded from the cubin); with neither, toolkit's RuntimeError naming
-    the missing headers, every place tried, and how to fix it.
+class CompileFallbackWarning(UserWarning):
+    """NVRTC could not build a kernel source and flashlib compiled it with nvcc instead; the message
+    says what failed.
 
     Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_launch.py.
+    """
+
+
+# What CuPy raises when NVRTC itself cannot run (as opposed to NVRTC rejecting the source, CuPy's
+# CompileException): RuntimeError for "CuPy failed to load libnvrtc.so" (its NVRTCError, CUDARuntimeError
+# and CUDADriverError are RuntimeErrors too: loading the compiled module can fail in the driver), OSError
+# and ImportError for a library or module that is absent.
+_NVRTC_UNAVAILABLE = (RuntimeError, OSError, ImportError)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else '(no message)'}"
+
+
+def _gpu_module(cupy, source: str, arch: str):
+    """Compile ``source`` for ``arch``: NVRTC with the ``-I`` dirs :mod:`flashlib.kernels.cuda.toolkit` finds
+    (dirs that hold every header the kernels include, followed through); else nvcc, which knows its own
+    headers (``build.nvcc_cubin``, loaded from the cubin), with a :class:`CompileFallbackWarning`
+    saying why: no such dirs, NVRTC rejects them (headers newer than the NVRTC that CuPy loads), or
+    NVRTC cannot run at all (``_NVRTC_UNAVAILABLE``: libnvrtc missing, the module not loading).
+    Before a cubin goes to the driver, nvcc's CUDA version is compared with the driver's
+    (:func:`flashlib.kernels.cuda.toolkit.check_cubin_loads`: a CUDA 13 cubin does not load on a 12.x
+    driver). With neither compiler: toolkit's RuntimeError naming the missing headers and every place
+    tried, or a RuntimeError naming what NVRTC failed with.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
     dirs, nvcc = _include_dirs(), toolchain.find_tool("nvcc")
     if dirs is not None:
-        mod = cupy.RawModule(code=(build.CSRC / source).read_text(), backend="nvrtc",
-                             options=nvrtc_options(dirs))
         try:
+            mod = cupy.RawModule(code=(build.CSRC / source).read_text(), backend="nvrtc",
+                                 options=nvrtc_options(dirs))
             mod.compile()
             return mod
-        except cupy.cuda.compiler.CompileException:
+        except cupy.cuda.compiler.CompileException as exc:
             if nvcc is None:
                 raise
+            where = ", ".join(map(str, dirs))
+            why = f"NVRTC rejected it with the CUDA headers in {where} ({_first_line(exc)})"
+        except _NVRTC_UNAVAILABLE as exc:
+            if nvcc is None:
+                raise RuntimeError(
+                    f"backend='cuda' compiles {source} with NVRTC through CuPy, and NVRTC could not run here "
+                    f"({_first_line(exc)}); there is no nvcc to compile with instead. Fix: install the NVRTC "
+                    "library of CuPy's CUDA (pip install nvidia-cuda-nvrtc-cu12, or -cu13, matching "
+                    "cupy-cuda12x/13x), or the CUDA toolkit (its nvcc is used then)") from exc
+            why = f"NVRTC could not build it ({_first_line(exc)})"
     elif nvcc is None:
         raise toolkit.not_found_error(toolkit.search(stop=False))
+    else:
+        why = "no folder holds every CUDA header NVRTC needs (flashlib.kernels.cuda.toolkit.search)"
+    toolkit.check_cubin_loads(toolkit.nvcc_cuda_version(toolchain.tool_version(nvcc)),
+                              toolkit.driver_cuda_version(cupy), nvcc=nvcc)
+    warnings.warn(f"{source}: {why}; compiling it with nvcc ({nvcc}) for {arch} instead",
+                  CompileFallbackWarning, stacklevel=2)
     return cupy.RawModule(path=str(build.nvcc_cubin(source, arch)))
 
 
@@ -488,23 +531,27 @@ def _cupy_stream(cupy, torch_stream):
 def run_gpu(specs, buffers: dict) -> dict:
     """Run ``specs`` on the GPU that holds the CUDA tensors in ``buffers`` (outputs written in place).
 
+    Everything happens on torch's current stream, entered (as a CuPy stream) *before* the tensors are
+    handed to CuPy: ``cupy.from_dlpack`` passes CuPy's current stream to DLPack, and torch makes that
+    stream wait for its own when the two differ. Converting first (on CuPy's default, the legacy
+    stream) made every call synchronise with the legacy stream, which CUDA-graph capture forbids.
+
     Explained in: notebooks/08_cuda.
 
-    Tested in: tests/kernels/cuda/test_cuda_launch.py.
+    Tested in: tests/kernels/cuda/test_cuda_launch.py, tests/gpu/test_cuda_gpu.py.
     """
     import cupy
     import numpy as np
     import torch
 
     device = next(iter(buffers.values())).device
-    with cupy.cuda.Device(device.index):
-        arrays = {name: to_cupy(cupy, t) for name, t in buffers.items()}
-        with _cupy_stream(cupy, torch.cuda.current_stream(device)):
-            for s in specs:
-                fn = _gpu_function(s.source, s.kernel)
-                if s.shared_bytes > 48 * 1024:
-                    fn.max_dynamic_shared_size_bytes = s.shared_bytes
-                args = tuple(arrays[v] if k == "buf" else (np.int32(v) if k == "i32" else np.float32(v))
-                             for k, v in s.args)
-                fn(s.grid, s.block, args, shared_mem=s.shared_bytes)
+    with cupy.cuda.Device(device.index), _cupy_stream(cupy, torch.cuda.current_stream(device)):
+        arrays = {name: to_cupy(cupy, t) for name, t in buffers.items()}     # on torch's stream
+        for s in specs:
+            fn = _gpu_function(s.source, s.kernel)
+            if s.shared_bytes > 48 * 1024:
+                fn.max_dynamic_shared_size_bytes = s.shared_bytes
+            args = tuple(arrays[v] if k == "buf" else (np.int32(v) if k == "i32" else np.float32(v))
+                         for k, v in s.args)
+            fn(s.grid, s.block, args, shared_mem=s.shared_bytes)
     return buffers

@@ -251,3 +251,55 @@ def not_found_error(tried, headers=None) -> RuntimeError:
         "Fix: install the CUDA toolkit (it puts everything in /usr/local/cuda), or "
         "`pip install nvidia-cuda-nvcc-cu12` (or -cu13, matching your CUDA) next to "
         "nvidia-cuda-runtime, or set CUDA_PATH to a complete toolkit.")
+
+
+# ---- nvcc's CUDA against the driver's --------------------------------------------------------------
+def nvcc_cuda_version(version_text: str) -> tuple[int, int]:
+    """``(major, minor)`` of the CUDA release ``nvcc --version`` printed (``"... release 12.4, V12.4.131"``
+    -> ``(12, 4)``); ValueError quoting the text when it names none.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
+    """
+    if not isinstance(version_text, str):
+        raise TypeError(f"version_text must be what `nvcc --version` printed (a str), got "
+                        f"{type(version_text).__name__}")
+    m = re.search(r"release (\d+)\.(\d+)", version_text)
+    if m is None:
+        raise ValueError(f"version_text: expected `nvcc --version` output with 'release X.Y', got "
+                         f"{version_text[-200:]!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def driver_cuda_version(cupy) -> tuple[int, int]:
+    """``(major, minor)`` of the newest CUDA the installed driver runs: ``cudaDriverGetVersion`` through
+    CuPy (12040 -> ``(12, 4)``).
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_launch.py.
+    """
+    v = int(cupy.cuda.runtime.driverGetVersion())
+    return v // 1000, (v % 1000) // 10
+
+
+def check_cubin_loads(nvcc_version: tuple[int, int], driver_version: tuple[int, int], *,
+                      nvcc: str = "nvcc") -> None:
+    """Refuse, before compiling, a cubin the driver would not load: one built by an nvcc of a newer CUDA
+    major release than the driver's (a CUDA 13 cubin on a 12.x driver fails to load). Within one major
+    release a cubin from a newer minor loads (CUDA's minor-version compatibility, NVIDIA's "CUDA
+    Compatibility" guide), so that passes. PTX would not help: the driver's JIT refuses PTX of a newer
+    CUDA too. The RuntimeError names both versions and the two fixes.
+
+    Explained in: notebooks/08_cuda.
+    Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
+    """
+    for name, v in (("nvcc_version", nvcc_version), ("driver_version", driver_version)):
+        if not (isinstance(v, tuple) and len(v) == 2 and all(isinstance(x, int) for x in v)):
+            raise TypeError(f"{name} must be a (major, minor) tuple of ints, got {v!r}")
+    if nvcc_version[0] > driver_version[0]:
+        n, d = "%d.%d" % nvcc_version, "%d.%d" % driver_version
+        raise RuntimeError(
+            f"backend='cuda' would compile the kernels with {nvcc} (CUDA {n}), but this GPU's driver runs "
+            f"CUDA up to {d}: a cubin built by CUDA {nvcc_version[0]} does not load on a "
+            f"{driver_version[0]}.x driver. Fix: put an nvcc of CUDA {driver_version[0]}.x first on PATH "
+            f"(or set CUDA_PATH to that toolkit), or upgrade the driver to one for CUDA {n}")

@@ -118,15 +118,33 @@ class FakeCompileError(Exception):
     pass
 
 
+class FakeStream:
+    """CuPy's ExternalStream: entering it makes it CuPy's current stream (``cp.current``)."""
+
+    def __init__(self, cp, ptr):
+        self.cp, self.ptr = cp, ptr
+
+    def __enter__(self):
+        self.outer, self.cp.current = self.cp.current, self.ptr
+        return self
+
+    def __exit__(self, *exc):
+        self.cp.current = self.outer
+        return False
+
+
 @pytest.fixture
 def fake_cupy(monkeypatch):
     """A stand-in ``cupy``: from_dlpack goes through the tensor's real ``__dlpack__`` (which refuses
-    tensors that require grad, exactly like CuPy's BufferError), devices and streams are no-ops,
-    RawModule records how it was built."""
+    tensors that require grad, exactly like CuPy's BufferError) and records CuPy's current stream at
+    that moment (what real CuPy hands DLPack), ExternalStream becomes the current stream while entered
+    (``cp.current``; None: CuPy's default, the legacy stream), devices are no-ops, RawModule records how
+    it was built, and the driver runs CUDA 13.0 (``cp.driver``)."""
     cp = types.ModuleType("cupy")
-    cp.modules = []
+    cp.modules, cp.current, cp.converted_on, cp.driver = [], None, [], 13000
 
     def from_dlpack(t):
+        cp.converted_on.append(cp.current)
         return torch.utils.dlpack.from_dlpack(t.__dlpack__())   # BufferError if t requires grad
 
     class Module:
@@ -136,7 +154,7 @@ def fake_cupy(monkeypatch):
 
         def compile(self):
             if cp.nvrtc_fails:
-                raise FakeCompileError("catastrophic error: cannot open source file \"crt/mma.h\"")
+                raise cp.nvrtc_fails
 
         def get_function(self, name):
             return ("function", name, self)
@@ -153,9 +171,10 @@ def fake_cupy(monkeypatch):
         def __exit__(self, *exc):
             return False
 
-    cp.from_dlpack, cp.RawModule, cp.nvrtc_fails = from_dlpack, Module, False
-    cp.cuda = types.SimpleNamespace(Device=Device, ExternalStream=lambda ptr: Device(), Stream=object,
-                                    compiler=types.SimpleNamespace(CompileException=FakeCompileError))
+    cp.from_dlpack, cp.RawModule, cp.nvrtc_fails = from_dlpack, Module, None
+    cp.cuda = types.SimpleNamespace(Device=Device, ExternalStream=lambda ptr: FakeStream(cp, ptr), Stream=object,
+                                    compiler=types.SimpleNamespace(CompileException=FakeCompileError),
+                                    runtime=types.SimpleNamespace(driverGetVersion=lambda: cp.driver))
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setattr(launch, "_GPU_MODULES", {})
     launch._include_dirs.cache_clear()
@@ -201,6 +220,27 @@ def test_run_gpu_with_requires_grad_inputs_writes_the_callers_outputs(fake_cupy,
     assert bool((o == 1).all()) and bool((lse == 2.5).all())
 
 
+def test_run_gpu_converts_and_launches_on_torchs_current_stream(fake_cupy, monkeypatch):
+    """Every tensor is handed to CuPy, and every kernel launched, with torch's current stream entered:
+    CuPy passes its current stream to DLPack, so a conversion made before entering it ran on CuPy's
+    default (the legacy stream) and synchronised with it, which CUDA-graph capture forbids."""
+    q = torch.randn(1, 2, 5, 8, dtype=torch.float16)
+    k = v = torch.randn(1, 1, 7, 8, dtype=torch.float16)
+    bufs = {"q": q, "k": k, "v": v, "o": torch.zeros_like(q), "lse": torch.zeros(1, 2, 5)}
+    specs = launch.v3_launch(1, 2, 1, 5, 7, 8, 0.5, True, "f16") * 2          # two launches
+    launched_on = []
+
+    def kernel(grid, block, args, shared_mem):
+        launched_on.append(fake_cupy.current)
+
+    monkeypatch.setattr(launch, "_gpu_function", lambda source, name: kernel)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0xCAFE))
+    launch.run_gpu(specs, bufs)
+    assert fake_cupy.converted_on == [0xCAFE] * len(bufs), fake_cupy.converted_on
+    assert launched_on == [0xCAFE, 0xCAFE]
+    assert fake_cupy.current is None                         # left as it was
+
+
 def test_gpu_module_uses_nvrtc_with_the_found_include_dirs(fake_cupy, monkeypatch, tmp_path):
     monkeypatch.setattr(toolkit, "find_include_dirs", lambda: [tmp_path / "a", tmp_path / "b"])
     fn = launch._gpu_function("fa2_fwd_v2_wmma.cu", "fa2_fwd_v2_f16")
@@ -213,17 +253,84 @@ def test_gpu_module_uses_nvrtc_with_the_found_include_dirs(fake_cupy, monkeypatc
     assert len(fake_cupy.modules) == 1
 
 
-@pytest.mark.parametrize("why", ["no include dir qualifies", "NVRTC rejects the headers"])
-def test_gpu_module_falls_back_to_nvcc(fake_cupy, monkeypatch, tmp_path, why):
-    found = None if why == "no include dir qualifies" else [tmp_path]
-    fake_cupy.nvrtc_fails = found is not None
-    monkeypatch.setattr(toolkit, "find_include_dirs", lambda: found)
+NVCC_12_4 = "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 12.4, V12.4.131\n"
+
+
+def _nvcc_on_path(monkeypatch, tmp_path, version=NVCC_12_4):
+    """nvcc found at /opt/cuda/bin/nvcc printing ``version``; build.nvcc_cubin records its calls."""
     monkeypatch.setattr(toolchain, "find_tool", lambda name, **kw: "/opt/cuda/bin/nvcc" if name == "nvcc" else None)
+    monkeypatch.setattr(toolchain, "tool_version", lambda path: version)
     built = []
     monkeypatch.setattr(build, "nvcc_cubin", lambda source, arch: built.append((source, arch)) or tmp_path / "k.cubin")
-    launch._gpu_function("decode_splitkv.cu", "decode_split_f16")
+    return built
+
+
+# NVRTC rejecting the headers (CompileException), and NVRTC unable to run at all: what CuPy raises when
+# libnvrtc cannot be loaded (RuntimeError "CuPy failed to load libnvrtc.so.12: OSError: ..."), a library
+# or module absent (OSError, ImportError), or the compiled module failing to load in the driver.
+NVRTC_FAILURES = {
+    "NVRTC rejects the headers": FakeCompileError('catastrophic error: cannot open source file "crt/mma.h"'),
+    "libnvrtc does not load": RuntimeError("CuPy failed to load libnvrtc.so.12: OSError: libnvrtc.so.12: "
+                                           "cannot open shared object file: No such file or directory"),
+    "a library is missing": OSError("libnvrtc-builtins.so.12.4: cannot open shared object file"),
+    "a module is missing": ImportError("cannot import name 'nvrtc' from 'cupy_backends.cuda.libs'"),
+}
+
+
+@pytest.mark.parametrize("why", ["no include dir qualifies", *NVRTC_FAILURES])
+def test_gpu_module_falls_back_to_nvcc_saying_why(fake_cupy, monkeypatch, tmp_path, why):
+    found = None if why == "no include dir qualifies" else [tmp_path]
+    fake_cupy.nvrtc_fails = NVRTC_FAILURES.get(why)
+    monkeypatch.setattr(toolkit, "find_include_dirs", lambda: found)
+    built = _nvcc_on_path(monkeypatch, tmp_path)
+    with pytest.warns(launch.CompileFallbackWarning) as warned:
+        launch._gpu_function("decode_splitkv.cu", "decode_split_f16")
     assert built == [("decode_splitkv.cu", "sm_90")]
     assert fake_cupy.modules[-1].path == str(tmp_path / "k.cubin")
+    msg = str(warned[0].message)
+    assert "decode_splitkv.cu" in msg and "compiling it with nvcc (/opt/cuda/bin/nvcc) for sm_90 instead" in msg
+    if found is not None:                                  # what NVRTC failed with, by type and message
+        exc = NVRTC_FAILURES[why]
+        assert f"{type(exc).__name__}: {str(exc).splitlines()[0]}" in msg
+
+
+@pytest.mark.parametrize("why", [w for w in NVRTC_FAILURES if w != "NVRTC rejects the headers"])
+def test_nvrtc_that_cannot_run_without_nvcc_is_a_runtime_error_saying_what_failed(fake_cupy, monkeypatch,
+                                                                                  tmp_path, why):
+    fake_cupy.nvrtc_fails = NVRTC_FAILURES[why]
+    monkeypatch.setattr(toolkit, "find_include_dirs", lambda: [tmp_path])
+    monkeypatch.setattr(toolchain, "find_tool", lambda name, **kw: None)
+    with pytest.raises(RuntimeError, match="NVRTC could not run here") as err:
+        launch._gpu_function("fa2_fwd_v2_wmma.cu", "fa2_fwd_v2_f16")
+    assert type(NVRTC_FAILURES[why]).__name__ in str(err.value) and "nvidia-cuda-nvrtc" in str(err.value)
+    assert err.value.__cause__ is NVRTC_FAILURES[why]
+
+
+@pytest.mark.parametrize("driver, loads", [(12040, False), (12090, False), (13000, True), (13020, True)])
+def test_an_nvcc_newer_than_the_driver_is_refused_before_compiling(fake_cupy, monkeypatch, tmp_path, driver, loads):
+    """nvcc 13.0 against drivers for CUDA 12.4/12.9 (refused: a CUDA 13 cubin does not load there) and
+    13.0/13.2 (built: the same major release)."""
+    fake_cupy.driver = driver
+    monkeypatch.setattr(toolkit, "find_include_dirs", lambda: None)
+    built = _nvcc_on_path(monkeypatch, tmp_path, version="Cuda compilation tools, release 13.0, V13.0.48")
+    if loads:
+        with pytest.warns(launch.CompileFallbackWarning):
+            launch._gpu_function("fa2_fwd_v1_scalar.cu", "fa2_fwd_v1_f32")
+        assert built == [("fa2_fwd_v1_scalar.cu", "sm_90")]
+        return
+    with pytest.raises(RuntimeError) as err:
+        launch._gpu_function("fa2_fwd_v1_scalar.cu", "fa2_fwd_v1_f32")
+    assert built == []                                       # refused before compiling
+    have = f"12.{(driver % 1000) // 10}"
+    assert f"(CUDA 13.0)" in str(err.value) and f"CUDA up to {have}" in str(err.value), str(err.value)
+    assert "does not load on a 12.x driver" in str(err.value)
+
+
+def test_driver_cuda_version_reads_cudas_integer(fake_cupy):
+    fake_cupy.driver = 12040
+    assert toolkit.driver_cuda_version(fake_cupy) == (12, 4)
+    fake_cupy.driver = 13010
+    assert toolkit.driver_cuda_version(fake_cupy) == (13, 1)
 
 
 def test_gpu_module_without_headers_or_nvcc_names_what_is_missing(fake_cupy, monkeypatch, tmp_path):
@@ -242,7 +349,7 @@ def test_gpu_module_without_headers_or_nvcc_names_what_is_missing(fake_cupy, mon
 
 
 def test_nvrtc_errors_surface_when_there_is_no_nvcc(fake_cupy, monkeypatch, tmp_path):
-    fake_cupy.nvrtc_fails = True
+    fake_cupy.nvrtc_fails = FakeCompileError("catastrophic error: cannot open source file \"crt/mma.h\"")
     monkeypatch.setattr(toolkit, "find_include_dirs", lambda: [tmp_path])
     monkeypatch.setattr(toolchain, "find_tool", lambda name, **kw: None)
     with pytest.raises(FakeCompileError, match="crt/mma.h"):

@@ -172,3 +172,34 @@ def test_candidates_lists_every_place_in_order(tmp_path):
     assert [origin for origin, _ in got] == [f"$CUDA_PATH={tmp_path}/cp", f"$CUDA_HOME={tmp_path}/ch",
                                              f"{tmp_path}/pre"]
     assert got[0][1] == () and list(got[1][1]) == [tmp_path / "ch" / "include"]
+
+
+# ---- nvcc's CUDA against the driver's (flashlib.kernels.cuda.launch asks before building a cubin) -----
+def test_nvcc_cuda_version_reads_the_release_line():
+    text = ("nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2025 NVIDIA Corporation\n"
+            "Cuda compilation tools, release 13.0, V13.0.48\nBuild cuda_13.0.r13.0/compiler.36260728_0\n")
+    assert toolkit.nvcc_cuda_version(text) == (13, 0)
+    assert toolkit.nvcc_cuda_version("Cuda compilation tools, release 12.10, V12.10.1") == (12, 10)
+    with pytest.raises(ValueError, match="version_text: expected `nvcc --version` output"):
+        toolkit.nvcc_cuda_version("g++ (GCC) 13.2.0")
+    with pytest.raises(TypeError, match="version_text must be"):
+        toolkit.nvcc_cuda_version(None)
+
+
+@pytest.mark.parametrize("nvcc, driver, loads", [((13, 0), (12, 9), False), ((12, 4), (11, 8), False),
+                                                 ((12, 8), (12, 4), True), ((12, 4), (13, 0), True),
+                                                 ((13, 0), (13, 0), True)])
+def test_a_cubin_from_a_newer_cuda_major_is_refused_naming_both(nvcc, driver, loads):
+    if loads:
+        assert toolkit.check_cubin_loads(nvcc, driver) is None
+        return
+    with pytest.raises(RuntimeError) as err:
+        toolkit.check_cubin_loads(nvcc, driver, nvcc="/usr/local/cuda-13.0/bin/nvcc")
+    msg = str(err.value)
+    assert f"/usr/local/cuda-13.0/bin/nvcc (CUDA {nvcc[0]}.{nvcc[1]})" in msg
+    assert f"driver runs CUDA up to {driver[0]}.{driver[1]}" in msg and "upgrade the driver" in msg
+
+
+def test_cubin_check_rejects_versions_that_are_not_pairs():
+    with pytest.raises(TypeError, match=r"driver_version must be a \(major, minor\) tuple of ints, got 12040"):
+        toolkit.check_cubin_loads((12, 4), 12040)
