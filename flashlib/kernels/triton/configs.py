@@ -119,7 +119,7 @@ CANDIDATES: dict[str, list[Config]] = {
 # sm_90 (H100): the backward pair measured fastest among those measured right (B4 H16 N8192 d128 fp16,
 # TFLOP/s with FA2's count, triton 3.6, 2026-11-23): dK/dV M64-N64-w4-s2 + dQ M64-N64-w4-s2 = 379
 # (the old M32-N64-w8-s2 + M128-N32-w8-s2: 175, and wrong); dK/dV with 8 warps or N128: 143-346; at
-# d = 64 these pairs gave 253-274. triton 3.9 spills 276 bytes for this dK/dV tile on sm_90.
+# d = 64 these pairs gave 253-274. triton 3.9 spills 216 bytes for this dK/dV tile on sm_90.
 SM90: dict[str, list[Config]] = {
     **CANDIDATES,
     "bwd_dkdv": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 2), Config(16, 32, 4, 1)],
