@@ -73,7 +73,7 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
                                start, end, end, 0, D, qk_scale, BLOCK_N, kit.MASKED, False, UPCAST, PRECISION)
     o, lse = kit.finish(acc, l_i, m_i)                 # O_s normalized, LSE_s (0 and -inf: empty split)
     rows = (b * H + h) * NQ + iq                       # flat row index into (B, H, NQ), 64-bit
-    n_rows = B.to(tl.int64) * H * NQ
+    n_rows = tl.cast(B, tl.int64) * H * NQ           # tl.cast: B is a plain int where the JIT made it 1
     # OP (num_splits, B·H·NQ, D): fp32 partials, or o itself (one split), so cast to OP's type
     tl.store(OP + (split * n_rows + rows[:, None]) * D + offs_d[None, :], o.to(OP.dtype.element_ty),
              mask=row_ok[:, None] & (offs_d[None, :] < D))
