@@ -2,7 +2,10 @@
 
 ``reference`` is attention written as plainly as possible, in float64, with the project's semantics:
 default scale ``d ** -0.5``; causal masks bottom-right aligned (query i sees key j iff
-``j <= i + Nk - Nq``); a query that sees no key outputs 0 and has ``lse = -inf``.
+``j <= i + Nk - Nq``); a query that sees no key outputs 0 and has ``lse = -inf``. NaN follows the rule
+every flashlib backend follows: a NaN in ``q[i]``, or in ``k[j]`` / ``v[j]`` at a key j that query i sees,
+makes row i's output NaN (and its lse, unless the NaN is only in v); a NaN at a key that query i does not
+see (the causal mask) changes nothing in row i. (Gradients of a NaN row are not specified.)
 ``reference_backward`` is its analytic gradient. Every algorithm and kernel in flashlib is checked
 against these two. :mod:`flashlib.testing.ring` checks ring attention, rank by rank, against
 single-process attention (it imports torch, so it is not imported here).
@@ -36,6 +39,19 @@ def _scores(q, k, causal, scale):
     return s
 
 
+def _values(p, v, causal):
+    """``p @ v`` under the NaN rule: a NaN in ``v[j, c]`` reaches ``o[i, c]`` only if query i sees key j,
+    as in an unmasked product. (A plain ``p @ v`` would spread it through the masked zeros of P too:
+    0 * NaN = NaN.)"""
+    nan = np.isnan(v)
+    if not nan.any():
+        return p @ v
+    nq, nk = p.shape[-2], p.shape[-1]
+    seen = causal_mask(0, nq, 0, nk, nq, nk) if causal else np.ones((nq, nk), dtype=bool)
+    hit = (seen.astype(np.float64) @ nan.astype(np.float64)) > 0       # (..., Nq, dv): a seen NaN
+    return np.where(hit, np.nan, p @ np.where(nan, 0.0, v))
+
+
 def _softmax_rows(s):
     m = s.max(axis=-1, keepdims=True)                               # (..., Nq, 1)
     m_safe = np.where(np.isneginf(m), 0.0, m)                       # rows with no visible key; NaN stays
@@ -48,7 +64,8 @@ def _softmax_rows(s):
 
 
 def reference(q, k, v, *, causal=False, scale=None):
-    """Float64 attention: returns ``(o, lse)`` with ``o (..., Nq, dv)`` and ``lse (..., Nq)``.
+    """Float64 attention: returns ``(o, lse)`` with ``o (..., Nq, dv)`` and ``lse (..., Nq)``; NaN
+    inputs follow the module's NaN rule.
 
     Explained in: notebooks/01_naive_attention.
 
@@ -58,7 +75,7 @@ def reference(q, k, v, *, causal=False, scale=None):
     scale = check_scale(scale, q.shape[-1])
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
     p, lse = _softmax_rows(_scores(q, k, causal, scale))
-    return p @ v, lse
+    return _values(p, v, causal), lse
 
 
 def reference_backward(q, k, v, do, *, causal=False, scale=None):

@@ -17,6 +17,10 @@
 #   The split kernel is the forward's inner loop (kit.attend, every block in its MASKED stage: a split
 #   ends anywhere) and its end (kit.finish); both kernels decode their flat grid with kit.unflatten and
 #   are described once by their KernelSpec (flashlib.kernels.triton.spec).
+#   NaN (kit's rule): keys at or past a split's end (past cache_seqlens included) are loaded as 0, never
+#   as what the cache holds there, so a NaN past a sequence's length changes nothing; a NaN the split
+#   sees gives it O_s and LSE_s NaN (kit.finish), and the combine now keeps it: "every split empty" is
+#   l == 0 there too (it was l > 0, which dropped a NaN row's LSE to -inf).
 # Idea: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding); the ladder is flashlib.ladder.decoding.
 # Limits: head dim <= 256; fp16, bf16, fp32; bf16 needs sm_80+; not differentiable (inference). Any
 #   B·H; 64-bit offsets (kit's "Offsets"): the caches, q and the partials (num_splits·B·H·Nq·d) may hold
@@ -92,12 +96,13 @@ def _combine_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on, n_rows, H, 
     m = tl.max(lse_s, 0)
     m_use = tl.where(m == float("-inf"), 0.0, m)       # every split empty: weights 0, no NaN
     w = tl.math.exp2((lse_s - m_use) * kit.LOG2E)      # exp(LSE_s - m)
-    l = tl.sum(w, 0)
-    l_safe = tl.where(l > 0.0, l, 1.0)
+    l = tl.sum(w, 0)                                   # NaN if a split is NaN (w NaN): kept
+    empty = l == 0.0                                   # no split saw a key (not l > 0: NaN is not empty)
+    l_safe = tl.where(empty, 1.0, l)
     o_s = tl.load(OP + (splits[:, None] * n_rows + row) * D + offs_d[None, :],
                   mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0)   # (BLOCK_S, BLOCK_D)
     o = tl.sum(w[:, None] * o_s, 0) / l_safe           # sum_s exp(LSE_s - lse) O_s
-    lse = tl.where(l > 0.0, m_use + tl.math.log2(l_safe) * kit.LN2, float("-inf"))
+    lse = tl.where(empty, float("-inf"), m_use + tl.math.log2(l_safe) * kit.LN2)
     iq, bh = kit.unflatten(row, NQ)                    # row = (b·H + h)·NQ + iq
     h, b = kit.unflatten(bh, H)
     b, h, iq = b.to(tl.int64), h.to(tl.int64), iq.to(tl.int64)   # offsets in 64 bits (kit: Offsets)

@@ -12,6 +12,9 @@
 #   key range (key_range), the tile loads, the inner loop with its two stages (attend: FULL, MASKED)
 #   and its online-softmax step; SPEC (flashlib.kernels.triton.spec) describes the kernel once for the
 #   launcher, the config tables and the compile report.
+#   NaN follows flashlib's rule (kit's header): a NaN a row sees makes the row NaN (O, and L unless
+#   it is in V), one it does not see (causal mask, padding) changes nothing; kit.finish and
+#   kit.attend's causal MASKED stage carry it, so this file did not change for it.
 # Idea: Dao 2023 (FlashAttention-2), Algorithm 1; exp2 trick and loop split as in Triton's
 #   fused-attention tutorial (our own code, plain pointer arithmetic: no block pointers, which
 #   triton 3.9 removed).

@@ -17,7 +17,8 @@
 #   Triton's persistent-matmul tutorial says its warp specialization "only works on Blackwell right now"
 #   (tests/kernels/triton/test_triton_fa2_fwd_tma.py keeps both facts checked). The online softmax,
 #   masks, key ranges and the epilogue are version 1's own (flashlib.kernels.triton.kit): only the way
-#   tiles move changed.
+#   tiles move changed. So is the NaN rule (kit's header): finish's l == 0 test, and in the causal
+#   MASKED stage kit.hide_nan_values (a NaN value the mask hides from a row leaves that row alone).
 # Idea: Shah et al. 2024 (FlashAttention-3), section 3.1 (producer/consumer warp specialization with
 #   TMA); Triton's fused-attention tutorial (its tensor-descriptor variant); Dao 2023, Algorithm 1.
 # Limits: what TMA requires of the memory — fp16 or bf16 (fp32 inputs run version 1), the last dim
@@ -52,7 +53,8 @@ def _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, lo, hi, NK, offset, q
                  BLOCK_N: tl.constexpr, STAGE: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
                  PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     """kit.attend with descriptor loads: Algorithm 1, lines 6-10, for the key blocks in [lo, hi).
-    A descriptor zero-fills keys past NK, so only the scores need a mask (MASKED stage)."""
+    A descriptor zero-fills keys past NK, so only the scores need a mask (MASKED stage), and causal,
+    the values: V NaNs the mask hides must not spread (kit.hide_nan_values, as kit.attend)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         k = k_desc.load([start_n, 0])                     # line 7: K_j (BLOCK_N, BLOCK_D), one TMA copy
@@ -63,7 +65,12 @@ def _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, lo, hi, NK, offset, q
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # line 8: S_ij, base 2
         if STAGE == kit.MASKED:
             s = kit.mask_scores(s, offs_m, start_n + offs_n, NK, offset, CAUSAL)
+            if CAUSAL:                                    # NaN rule: hidden V NaNs must not spread
+                v, row_nan = kit.hide_nan_values(v, offs_m, start_n + offs_n, offset)
         m_i, l_i, acc = kit.softmax_step(m_i, l_i, acc, s, v, PRECISION, STAGE == kit.MASKED)
+        if STAGE == kit.MASKED:
+            if CAUSAL:                                    # ... but a NaN a row sees makes it NaN
+                acc = tl.where(row_nan[:, None], float("nan"), acc)
     return acc, l_i, m_i
 
 

@@ -16,6 +16,20 @@
 #     the body of both dK/dV kernels (fa2_bwd's and fa2_bwd_tma's), which differ only in their loads;
 #   * softmax_step — one step of the online softmax (Algorithm 1, lines 9-10), in base 2, and finish —
 #     its end (lines 12-13): O = acc / l, L = ln 2 (m + log2 l); a row that saw nothing: O = 0, L = -inf;
+#   * NaN follows one rule (flashlib's, on every backend): a NaN in q[i], or in k[j] or v[j] at a
+#     key j that row i sees, makes row i's O NaN (and its L, except for v); a NaN that row i does not
+#     see (causal mask, past NK) changes nothing. Changed for it from the first versions: finish
+#     decided "saw no key" by l > 0, which NaN makes false, so a NaN row came out as O = NaN,
+#     L = -inf; it now tests l == 0, which only a row that saw no key has (l >= 1 after any finite
+#     score, NaN after a NaN one). And in the MASKED stage of a causal forward, V_j holds keys the mask
+#     hides from some rows, where P = 0 and 0 * NaN = NaN would spread; hide_nan_values zeroes V's
+#     NaNs there and flags the rows that do see one (their acc becomes NaN). The FULL stage is
+#     untouched (every row sees every key of its blocks), and keys past NK load as 0 (no NaN to hide).
+#     Cross-compiled (triton 3.9, the compile report's tiles, d = 128, ptxas): the forward's registers
+#     224 -> 190 (fp16, sm_80), 190 -> 191 (sm_90), 78 -> 91/92 (fp32), the TMA forward's 225 -> 194
+#     and 152 -> 161 (fp16, sm_80 / sm_90), no spill; with a per-(row, key)
+#     "sees a NaN" matrix instead of the first NaN key it spilled 124 bytes on sm_80. No GPU has timed it.
+#     The backward does not follow the rule: the gradients of a NaN row are not specified.
 #   * one masking policy: only the blocks the ranges call partial are masked, by mask_keys (keys past
 #     Nk) and mask_causal (keys the causal mask hides); mask_scores applies both. attend, the forward's
 #     inner loop, takes a STAGE as Triton's tutorial does: one call with FULL for the key blocks every
@@ -54,7 +68,7 @@ from . import tl, triton
 
 __all__ = ["LOG2E", "LN2", "FULL", "MASKED", "qk_scale", "ceil_div", "block_d", "unflatten", "key_range",
            "query_range", "load_tile", "store_tile", "load_lse2", "load_kv", "softmax_step", "mask_keys",
-           "mask_causal", "mask_scores", "attend", "finish", "dkdv_step", "desc_2d"]
+           "mask_causal", "mask_scores", "hide_nan_values", "attend", "finish", "dkdv_step", "desc_2d"]
 
 # tl.constexpr: Triton reads a global inside a kernel only if it is one (``LOG2E.value`` in Python).
 LOG2E = tl.constexpr(math.log2(math.e))   # exp(x) = exp2(x * LOG2E): exp2 is the GPU's native exponential
@@ -210,6 +224,21 @@ def mask_scores(s, offs_m, offs_n, NK, offset, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def hide_nan_values(v, offs_m, offs_n, offset):
+    """For a causal diagonal block: ``(V_j, row_nan)`` with V_j's NaNs replaced by 0, so that a key the
+    causal mask hides from row i (P_ij = 0) adds 0, not 0 * NaN = NaN, to row i; ``row_nan`` (BLOCK_M,)
+    says which rows see a key whose value row holds a NaN: query i sees keys j <= i + offset, a prefix,
+    so it sees one iff it sees the first one (no (BLOCK_M, BLOCK_N) matrix, kept in registers, needed).
+    The caller makes their acc NaN. Keys past NK are loaded as 0 and need nothing.
+
+    Explained in: notebooks/07_triton."""
+    is_nan = v != v                                                     # (BLOCK_N, BLOCK_D)
+    key_nan = tl.max(is_nan.to(tl.int32), 1) > 0                        # (BLOCK_N,): V_j has a NaN
+    first = tl.min(tl.where(key_nan, offs_n, 2147483647), 0)            # the first such key (or none)
+    return tl.where(is_nan, 0.0, v).to(v.dtype), offs_m + offset >= first   # seen iff first <= i + offset
+
+
+@triton.jit
 def softmax_step(m_i, l_i, acc, s, v, PRECISION: tl.constexpr, MAY_BE_EMPTY: tl.constexpr):
     """One step of the online softmax (Algorithm 1, lines 9-10, base 2) for a block of scores
     ``s`` (BLOCK_M, BLOCK_N), already scaled by scale·log2 e, and its values ``v`` (BLOCK_N, BLOCK_D).
@@ -231,13 +260,14 @@ def softmax_step(m_i, l_i, acc, s, v, PRECISION: tl.constexpr, MAY_BE_EMPTY: tl.
 @triton.jit
 def finish(acc, l_i, m_i):
     """Algorithm 1, lines 12-13: ``(O_i, L_i)`` = (acc / l_i, ln 2 · (m_i + log2 l_i)), the LSE in the
-    natural log. A row that saw no key (l_i = 0) gets O = 0 and L = -inf, never NaN.
+    natural log. A row that saw no key (l_i = 0 exactly) gets O = 0 and L = -inf; a row that saw a
+    NaN (l_i or acc NaN) gets NaN, never the "saw nothing" answer (the test is l == 0, not l > 0).
 
     Explained in: notebooks/07_triton."""
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
+    empty = l_i == 0.0                  # NaN == 0 is False: a NaN row is not "empty"
+    l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]
-    return o, tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
+    return o, tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
 
 
 @triton.jit
@@ -263,7 +293,9 @@ def attend(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_
            UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """Algorithm 1, lines 6-10, for the key blocks starting in [lo, hi): load K_j, V_j, S = Q K_j^T,
     one online-softmax step. STAGE FULL: blocks every row sees entirely — no mask at all; MASKED:
-    diagonal and ragged blocks — :func:`mask_scores`. ``k_base``/``v_base`` point at key 0, column 0.
+    diagonal and ragged blocks — :func:`mask_scores`, and causal: :func:`hide_nan_values` (a NaN in a
+    value row the mask hides from row i leaves row i alone). ``k_base``/``v_base`` point at key 0,
+    column 0.
 
     Explained in: notebooks/07_triton."""
     offs_n = tl.arange(0, BLOCK_N)                        # (BLOCK_N,) key offsets within a block
@@ -273,7 +305,12 @@ def attend(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # line 8: S_ij, base 2
         if STAGE == MASKED:
             s = mask_scores(s, offs_m, rows, NK, offset, CAUSAL)
+            if CAUSAL:                                    # NaN rule: hidden V NaNs must not spread
+                v, row_nan = hide_nan_values(v, offs_m, rows, offset)
         m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PRECISION, STAGE == MASKED)
+        if STAGE == MASKED:
+            if CAUSAL:                                    # ... but a NaN a row sees makes it NaN
+                acc = tl.where(row_nan[:, None], float("nan"), acc)
     return acc, l_i, m_i
 
 

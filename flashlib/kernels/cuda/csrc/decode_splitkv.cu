@@ -13,6 +13,12 @@
 //   (32 lanes x 8); keys past cache_seqlens[b] are never read; a sequence of length 0, or an empty
 //   split, gives O = 0 and LSE = -inf. Shared memory (5d + 8) * 4 bytes (5.1 KB at d = 256).
 //   causal = bottom-right within each sequence: query i of Nq sees key j iff j <= i + len_b - Nq.
+// NaN: flashlib's rule (every backend): a NaN in q, or in k[j] / v[j] at a key j < cache_seqlens[b] (and
+//   j visible, causal), makes the row's O NaN (and its LSE, unless only v has it); keys past the length are
+//   never read, so what the cache holds there changes nothing. Changed for it: "this warp / split / row
+//   saw no key" is decided by l == 0 (exactly 0 only then: l >= 1 after any finite score), not by m or
+//   LSE == -inf or L > 0, which NaN fools (fmaxf ignores NaN, so a NaN row kept m = -inf and came out
+//   O = 0, LSE = -inf, and a split with a NaN key was written as empty and dropped by the combine).
 // Launch: 1-D grids, so any B * H that fits in memory launches (gridDim.x allows 2^31 - 1; y and z,
 //   which held h and b before this fix, stop at 65,535): split blockIdx.x = (b * H + h) * S + s,
 //   combine blockIdx.x = (b * H + h) * nq + qi — the output row itself.
@@ -95,22 +101,25 @@ __device__ void split(const T* __restrict__ q, const T* __restrict__ k, const T*
         }
         __syncthreads();                             // every warp's state visible
 
+        // A warp that saw no key has l == 0 exactly (skipped: its weight would be exp(-inf - -inf));
+        // a warp that saw a NaN has l = NaN and is kept, so the NaN reaches L, O_s and LSE_s.
         float M = NEG_INF, L = 0.0f;
         for (int w = 0; w < WARPS; ++w) M = fmaxf(M, st[w * (d + 2)]);
         for (int w = 0; w < WARPS; ++w) {
-            const float mw = st[w * (d + 2)];
-            if (mw != NEG_INF) L += expf(mw - M) * st[w * (d + 2) + 1];
+            const float mw = st[w * (d + 2)], lw = st[w * (d + 2) + 1];
+            if (lw != 0.0f) L += expf(mw - M) * lw;
         }
+        const bool empty = L == 0.0f;                // no key in this split (NaN L is not empty)
         const long long row = (((long long)(s) * B + b) * H + h) * nq + qi;   // (S, B, H, nq)
         for (int c = threadIdx.x; c < d; c += THREADS) {
             float ov = 0.0f;
             for (int w = 0; w < WARPS; ++w) {
                 const float mw = st[w * (d + 2)];
-                if (mw != NEG_INF) ov += expf(mw - M) * st[w * (d + 2) + 2 + c];
+                if (st[w * (d + 2) + 1] != 0.0f) ov += expf(mw - M) * st[w * (d + 2) + 2 + c];
             }
-            o_parts[row * d + c] = L > 0.0f ? ov / L : 0.0f;          // normalised O_s
+            o_parts[row * d + c] = empty ? 0.0f : ov / L;            // normalised O_s
         }
-        if (threadIdx.x == 0) lse_parts[row] = L > 0.0f ? M + logf(L) : NEG_INF;
+        if (threadIdx.x == 0) lse_parts[row] = empty ? NEG_INF : M + logf(L);
         __syncthreads();                             // q_s and st are rewritten for the next row
     }
 }
@@ -122,21 +131,24 @@ __device__ void combine(const float* __restrict__ o_parts, const float* __restri
     const float NEG_INF = __int_as_float(0xff800000);
     const long long row = blockIdx.x;                    // ((b * H + h) * nq + qi): the block is the row
     const long long stride = (long long)(B) * H * nq;        // from one split to the next
+    // An empty split has LSE_s = -inf exactly (skipped); a NaN split (LSE_s NaN, or O_s NaN) is kept:
+    // its weight exp(NaN - M), or its O_s, makes the row NaN. L == 0: every split empty.
     float M = NEG_INF, L = 0.0f;
     for (int s = 0; s < S; ++s) M = fmaxf(M, lse_parts[s * stride + row]);
     for (int s = 0; s < S; ++s) {
         const float ls = lse_parts[s * stride + row];
         if (ls != NEG_INF) L += expf(ls - M);
     }
+    const bool empty = L == 0.0f;                    // NaN L is not empty
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
         float acc = 0.0f;
         for (int s = 0; s < S; ++s) {
             const float ls = lse_parts[s * stride + row];
             if (ls != NEG_INF) acc += expf(ls - M) * o_parts[(s * stride + row) * d + c];
         }
-        o[row * d + c] = from_float<T>(L > 0.0f ? acc / L : 0.0f);
+        o[row * d + c] = from_float<T>(empty ? 0.0f : acc / L);
     }
-    if (threadIdx.x == 0) lse[row] = L > 0.0f ? M + logf(L) : NEG_INF;
+    if (threadIdx.x == 0) lse[row] = empty ? NEG_INF : M + logf(L);
 }
 }  // namespace fdec
 

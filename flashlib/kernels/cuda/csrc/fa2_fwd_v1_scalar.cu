@@ -10,6 +10,13 @@
 //   the threads of a warp reading their own rows hit 32 different banks); BR in {64, 32, 16, 8} is
 //   chosen by flashlib so that shared memory (2*BR + BC) * stride * 4 bytes stays within the 48 KB every
 //   GPU grants without opt-in. GQA/MQA read kv head h / (H / Hkv); Nq != Nk causal is bottom-right.
+// NaN: flashlib's rule (every backend): a NaN in q[i], or in k[j] / v[j] at a key j row i sees, makes row i's
+//   O NaN (and its LSE, unless only v has it); a NaN row i does not see changes nothing. Changed for it:
+//   the tile step guarded "nothing visible yet" by zeroing P, which also erased a NaN row's P (fmaxf
+//   ignores NaN, so its m stays -inf): it now subtracts 0 instead (masked -inf -> 0, NaN stays NaN);
+//   P·V skips keys the causal mask hides (P = 0 there, but 0 * NaN = NaN); and the end tests l == 0
+//   ("saw no key": l >= 1 after any finite score) instead of l > 0, false for NaN, which made a NaN row
+//   O = 0, LSE = -inf. The backward does not follow the rule (a NaN row's gradients are not specified).
 // Launch: a 1-D grid of ceil(nq / BR) * H * B blocks, blockIdx.x = (b * H + h) * tiles + tile, so any
 //   B * H that fits in memory launches (gridDim.x allows 2^31 - 1; y and z, which held h and b before
 //   this fix, stop at 65,535). __launch_bounds__(64, 1): with the index decoding, a bare (64) made
@@ -77,10 +84,11 @@ fa2_fwd_v1_f32(const float* __restrict__ q,    // (B, H, nq, d)
         const float m_new = fmaxf(m, m_tile);        // line 9: m^(j); -inf while nothing is visible
         const bool none = m_new == NEG_INF;          // guard: exp(-inf - -inf) would be NaN
         const float alpha = none ? 1.0f : expf(m - m_new);
+        const float base = none ? 0.0f : m_new;      // none: masked -inf -> 0, but a NaN score stays NaN
         float p_sum = 0.0f;
 #pragma unroll
         for (int jj = 0; jj < V1_BC; ++jj) {
-            s[jj] = none ? 0.0f : expf(s[jj] - m_new);   // P~_ij (masked entries: exp(-inf) = 0)
+            s[jj] = expf(s[jj] - base);              // P~_ij (masked entries: exp(-inf) = 0)
             p_sum += s[jj];
         }
         l = alpha * l + p_sum;                       // l^(j)
@@ -93,19 +101,22 @@ fa2_fwd_v1_f32(const float* __restrict__ q,    // (B, H, nq, d)
         }
         __syncthreads();                             // V_j visible
 
+        const int jvis = causal ? i + offset - j0 : V1_BC;   // keys jj > jvis are hidden from row i
         for (int c = 0; c < d; ++c) {                // line 10: O_i = diag(alpha) O_i + P~ V_j
             float acc = o_s[r * ds + c] * alpha;
 #pragma unroll
-            for (int jj = 0; jj < V1_BC; ++jj) acc += s[jj] * kv_s[jj * ds + c];
+            for (int jj = 0; jj < V1_BC; ++jj)       // hidden keys skipped: 0 * NaN would be NaN
+                acc += jj <= jvis ? s[jj] * kv_s[jj * ds + c] : 0.0f;
             o_s[r * ds + c] = acc;
         }
         __syncthreads();                             // everyone is done reading V_j
     }
 
     if (i < nq) {                                    // lines 12-15: O_i / l, LSE = m + log l
-        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;   // a row that saw no key: O = 0, LSE = -inf
+        const bool empty = l == 0.0f;                // saw no key: O = 0, LSE = -inf (NaN l is not empty)
+        const float inv_l = empty ? 0.0f : 1.0f / l;
         float* oh = o + ((long long)(bh) * nq + i) * d;
         for (int c = 0; c < d; ++c) oh[c] = o_s[r * ds + c] * inv_l;
-        lse[(long long)(bh) * nq + i] = l > 0.0f ? m + logf(l) : NEG_INF;
+        lse[(long long)(bh) * nq + i] = empty ? NEG_INF : m + logf(l);
     }
 }

@@ -15,6 +15,11 @@
 //   shared memory within 48 KB (no opt-in) for every d; BC = 32 keys per tile. __launch_bounds__(128, 1):
 //   with a bare (128), ptxas 13.0 capped sm_80 at 64 registers and spilled; at 45 KB of shared memory
 //   per block only 1-4 blocks fit on an SM anyway, so asking for 1 costs no occupancy.
+// NaN: flashlib's rule (v1's header): a NaN a row sees makes it NaN, one it does not see changes nothing.
+//   Changed for it, as in v1: P = 2^(S - 0), not 0, while nothing is visible (a NaN row's P stays NaN),
+//   and the end tests l == 0, not l > 0. P·V runs on the whole V_j tile, so in a tile the causal mask
+//   cuts (for this block) V's NaNs are loaded as 0, and each row's lanes check, from global memory,
+//   whether a key they do see has a NaN value: such a row ends NaN. Costs nothing on unmasked tiles.
 // Launch: a 1-D grid of ceil(nq / BR) * H * B blocks, blockIdx.x = (b * H + h) * tiles + tile, as v1
 //   (any B * H that fits in memory; gridDim.y/z, which held h and b before this fix, stop at 65,535).
 // Run: flashlib.kernels.cuda.forward(q, k, v, version="v2") with fp16/bf16 tensors (forward picks v2 by itself only
@@ -76,6 +81,7 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     }
     for (int c = c_lo; c < c_hi; ++c) o_s[my_row * os + c] = 0.0f;   // line 5
     float m = NEG_INF, l = 0.0f;
+    bool v_nan = false;                              // this row saw a NaN value that was loaded as 0
     __syncthreads();
 
     int kend = nk;
@@ -115,10 +121,11 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
         const float m_new = fmaxf(m, m_tile);
         const bool none = m_new == NEG_INF;          // nothing visible yet: avoid -inf - -inf
         const float alpha = none ? 1.0f : expf(m - m_new);
+        const float base = none ? 0.0f : m_new;      // none: masked -inf -> 0, a NaN score stays NaN
         float p_sum = 0.0f;
 #pragma unroll
         for (int t = 0; t < 16; ++t) {
-            const float p = none ? 0.0f : expf(sv[t] - m_new);
+            const float p = expf(sv[t] - base);
             p_s[my_row * ps + half_ * 16 + t] = from_float<T>(p);
             p_sum += p;
         }
@@ -126,11 +133,27 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
         l = alpha * l + p_sum;
         m = m_new;
         for (int c = c_lo; c < c_hi; ++c) o_s[my_row * os + c] *= alpha;   // diag(alpha) O_i
+        // NaN rule: in a tile the causal mask cuts, P = 0 for hidden keys but 0 * NaN = NaN in P·V, so
+        // V's NaNs are loaded as 0 below; a row that sees a key with a NaN value is made NaN at the end.
+        const bool cut = causal && j0 + BC - 1 > row0 + offset;   // block-uniform: some row misses a key
+        if (cut && i < nq) {
+            const int jvis = min(nk - 1, i + offset) - j0;         // this row sees keys jj <= jvis
+            for (int t = 0; t < 16; ++t) {           // this lane: the row's keys half_ * 16 + t
+                const int jj = half_ * 16 + t;
+                if (jj > jvis) break;
+                for (int c = 0; c < d; ++c) {
+                    const float x = to_float(vh[(long long)(j0 + jj) * d + c]);
+                    if (x != x) v_nan = true;
+                }
+            }
+        }
         __syncthreads();                             // all warps done with K_j; P and O rows written
 
         for (int e = threadIdx.x; e < BC * d16; e += blockDim.x) {   // V_j into the same buffer
             const int jj = e / d16, c = e - jj * d16;
-            kv_s[jj * qs + c] = (j0 + jj < nk && c < d) ? vh[(long long)(j0 + jj) * d + c] : zero;
+            T x = (j0 + jj < nk && c < d) ? vh[(long long)(j0 + jj) * d + c] : zero;
+            if (cut && to_float(x) != to_float(x)) x = zero;   // hidden or not: seen ones set v_nan
+            kv_s[jj * qs + c] = x;
         }
         __syncthreads();
 
@@ -150,11 +173,14 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
         __syncthreads();                             // V_j consumed; O rows visible to their lanes
     }
 
+    const int other = __shfl_xor_sync(0xffffffffu, v_nan ? 1 : 0, 1);   // every lane: the row's two
+    v_nan = v_nan || other != 0;                                          // lanes agree
     if (i < nq) {                                    // lines 12-15
-        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;   // a row that saw no key: O = 0, LSE = -inf
+        const bool empty = l == 0.0f;                // saw no key: O = 0, LSE = -inf (NaN l is not empty)
+        const float inv_l = v_nan ? __int_as_float(0x7fc00000) : empty ? 0.0f : 1.0f / l;
         T* oh = o + ((long long)(bh) * nq + i) * d;
         for (int c = c_lo; c < min(c_hi, d); ++c) oh[c] = from_float<T>(o_s[my_row * os + c] * inv_l);
-        if (half_ == 0) lse[(long long)(bh) * nq + i] = l > 0.0f ? m + logf(l) : NEG_INF;
+        if (half_ == 0) lse[(long long)(bh) * nq + i] = empty ? NEG_INF : m + logf(l);
     }
 }
 }  // namespace fa2v2

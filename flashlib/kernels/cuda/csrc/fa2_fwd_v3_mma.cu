@@ -34,6 +34,15 @@
 //   the block sees are skipped; a warp skips tiles none of its rows sees); GQA reads kv head
 //   h / (H / Hkv) in place; a row that sees no key gets O = 0 and LSE = -inf; LSE (natural log) is
 //   written for the backward.
+// NaN: flashlib's rule (v1's header): a NaN in q[i], or in k[j] / v[j] at a key j row i sees, makes row i's
+//   O NaN (and its LSE, unless only v has it); a NaN row i does not see changes nothing. Changed for it:
+//   the end tests l == 0 ("saw no key"), not l > 0, which NaN makes false (a NaN row was O = 0 or NaN,
+//   LSE = -inf). And P·V multiplies the whole V_j tile, where P = 0 for keys the causal mask hides but
+//   0 * NaN = NaN: in a tile the mask cuts for this warp, the NaN halves of the V fragments are zeroed in
+//   registers after ldmatrix (a few integer ops per fragment, no extra shared-memory traffic), the keys
+//   they belong to are OR-ed across the warp (5 64-bit shuffles per cut tile), and a row that sees one gets
+//   acc = NaN. Unmasked tiles run as before. The backward does not follow the rule (a NaN row's
+//   gradients are not specified).
 // Launch: a 1-D grid of ceil(nq / 64) * H * B blocks of 128 threads, blockIdx.x = (b * H + h) * tiles + tile,
 //   as v1 and v2; the kernel for head dim d is fa2_fwd_v3_<f16|bf16>_d<D>, D the smallest bucket >= d.
 // Run: flashlib.kernels.cuda.forward(q, k, v) with fp16/bf16 tensors (picks v3; version="v3" forces it);
@@ -60,10 +69,18 @@ constexpr int V3_BC_D256 = 16;
 
 struct __align__(16) Chunk { uint32_t w[4]; };   // 16 bytes: one cp.async, one LDG.128/STG.128
 
+// The 16-bit halves of x that hold a NaN, as 0xffff masks: |h| (sign cleared) above INF, the bits of +inf
+// (fp16 0x7c00, bf16 0x7f80): exponent all ones and a nonzero mantissa.
+template <uint32_t INF>
+__device__ __forceinline__ uint32_t nan_halves(uint32_t x) {
+    return ((x & 0x7fffu) > INF ? 0x0000ffffu : 0u) | (((x >> 16) & 0x7fffu) > INF ? 0xffff0000u : 0u);
+}
+
 template <class T> struct Ops;
 template <> struct Ops<__half> {
     static __device__ __forceinline__ __half from_float(float x) { return __float2half(x); }
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return ptx::pack_half2(lo, hi); }
+    static __device__ __forceinline__ uint32_t nans(uint32_t x) { return nan_halves<0x7c00u>(x); }
     // D += A B for one 16 x 8 x 16 step: A (4 regs, row-major 16 x 16), B = {b0 (k 0-7), b1 (k 8-15)}
     static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if FA2V3_SM80
@@ -78,6 +95,7 @@ template <> struct Ops<__half> {
 template <> struct Ops<__nv_bfloat16> {
     static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16(x); }
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return ptx::pack_bf162(lo, hi); }
+    static __device__ __forceinline__ uint32_t nans(uint32_t x) { return nan_halves<0x7f80u>(x); }
     static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
         ptx::mma_m16n8k16_bf16(d, a, {b0, b1}, d);
     }
@@ -177,6 +195,7 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
         load_tile<T, D>(v_s, vh + (long long)j0 * d, BC, nk - j0, d, vec);   // V_j flies during S = Q K_jᵀ
         commit();
         const bool active = j0 < wend;               // warp-uniform: some row of this warp sees a key here
+        const bool cut = causal && j0 + BC - 1 > wrow0 + offset;   // warp-uniform: the mask hides a key here
         float s[BC / 8][4];                          // S_ij, this warp's 16 x BC, as C fragments
         if (active) {
 #pragma unroll
@@ -238,6 +257,7 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
             commit();
         }
         if (active) {
+            unsigned long long nan_keys = 0;         // cut tiles: bit jj = V_j's key jj has a NaN (zeroed)
 #pragma unroll
             for (int kk = 0; kk < BC / 16; ++kk) {   // line 10: O_i += P~ V_j, 16 keys at a time
                 // P as the A operand: C fragments of n-tiles 2kk, 2kk+1 = A fragment of k-step kk
@@ -248,8 +268,33 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
                 for (int n = 0; n < NT; n += 2) {    // B = V_j (keys x dims), read transposed by ldmatrix
                     uint32_t b[4];                   // (keys 16kk.., dims 8n..), (16kk+8.., 8n..), (16kk.., 8n+8..), (16kk+8.., 8n+8..)
                     ptx::ldmatrix_x4_trans(b, at<T, D>(v_s, 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1), 8 * n + 8 * (lane >> 4)));
+                    // NaN rule: b[x] holds keys 16kk + 8 (x & 1) + 2t (its low half) and that + 1 (high)
+                    if (cut) {
+#pragma unroll
+                        for (int x = 0; x < 4; ++x) {
+                            const uint32_t bad = Ops<T>::nans(b[x]);
+                            const unsigned long long pair = (bad & 1u) | ((bad >> 15) & 2u);   // (lo, hi)
+                            b[x] &= ~bad;            // a hidden key's NaN must not meet its P = 0
+                            nan_keys |= pair << (16 * kk + 8 * (x & 1) + 2 * t);
+                        }
+                    }
                     Ops<T>::mma(acc[n], a, b[0], b[1]);
                     Ops<T>::mma(acc[n + 1], a, b[2], b[3]);
+                }
+            }
+            if (cut) {                               // the rows that see a key with a NaN value: acc = NaN
+#pragma unroll
+                for (int off = 1; off < 32; off <<= 1)
+                    nan_keys |= __shfl_xor_sync(0xffffffffu, nan_keys, off);
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int seen = min(nk, wrow0 + g + 8 * r + offset + 1) - j0;   // keys j0 .. j0+seen-1
+                    const unsigned long long mine =
+                        seen <= 0 ? 0ull : seen >= 64 ? ~0ull : (1ull << seen) - 1;
+                    if (nan_keys & mine)
+#pragma unroll
+                        for (int n = 0; n < NT; ++n)
+                            acc[n][2 * r] = acc[n][2 * r + 1] = __int_as_float(0x7fc00000);
                 }
             }
         }
@@ -260,7 +305,8 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     for (int r = 0; r < 2; ++r) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;   // a row that saw no key: O = 0, LSE = -inf
+        const bool empty = l[r] == 0.0f;             // saw no key: O = 0, LSE = -inf (NaN l is not empty)
+        const float inv = empty ? 0.0f : 1.0f / l[r];
         const int row = wrow0 + g + 8 * r;
 #pragma unroll
         for (int n = 0; n < NT; ++n) {               // this warp's own Q rows: no other warp reads them
@@ -269,7 +315,7 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
             p[1] = Ops<T>::from_float(acc[n][2 * r + 1] * inv);
         }
         if (t == 0 && row < nq)
-            lse[(long long)(bh) * nq + row] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * 0.6931471805599453f : NEG_INF;
+            lse[(long long)(bh) * nq + row] = empty ? NEG_INF : (m[r] + log2f(l[r])) * 0.6931471805599453f;
     }
     __syncwarp();                                    // the warp's O rows staged
     for (int e = lane; e < 16 * (D / 8); e += 32) {  // 16-byte chunks of the warp's 16 rows
