@@ -83,14 +83,19 @@ def check_scale(scale, d: int) -> float:
 
 
 def check_flag(value, name: str) -> bool:
-    """``value`` if it is a bool (not merely truthy), else a TypeError naming ``name``.
+    """``value`` as a bool if it is one (``True``/``False`` or NumPy's ``np.bool_``), else a TypeError
+    naming ``name``: a merely truthy value (``"False"``, ``1``, ``None``) is refused, never taken
+    literally. The torch API and the NumPy ladder both check their flags here.
 
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/test_validation.py.
     """
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
+    if isinstance(value, bool):
+        return value
+    if type(value).__module__ == "numpy" and type(value).__name__ == "bool":    # np.bool_ (numpy 1 or 2)
+        return bool(value)
+    kind = f"numpy.{type(value).__name__}" if type(value).__module__ == "numpy" else type(value).__name__
+    raise TypeError(f"{name} must be a bool, got {kind} {value!r}")
 
 
 def check_block(value, name: str, default: int | None = None) -> int:
@@ -107,6 +112,26 @@ def check_block(value, name: str, default: int | None = None) -> int:
         raise TypeError(f"{name} must be a positive int, got {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name} must be a positive int, got {value}")
+    return int(value)
+
+
+def check_int(value, name: str, low: int, high: int | None = None, why: str = "") -> int:
+    """``value`` as an int in ``[low, high]`` (a Python or NumPy integer, not a bool), else a TypeError
+    or ValueError naming ``name`` (``why``: a reason appended to the bounds)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"from {low} to {high}"
+        raise ValueError(f"{name} must be an int {bounds}{why}, got {value}")
+    return int(value)
+
+
+def check_count(value, name: str) -> int:
+    """A count that may be zero (keys, operations; used by the ladder): an int >= 0, bool refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= 0, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value}")
     return int(value)
 
 
@@ -152,6 +177,8 @@ def check_cache_seqlens(cache_seqlens, q, nmax: int):
                          f"{cache_seqlens.device}")
     if cache_seqlens.device.type != "cpu" or torch.compiler.is_compiling():
         return cache_seqlens                  # no read-back (see above): the kernels clamp instead
+    if cache_seqlens.numel() == 0:
+        return cache_seqlens                  # an empty batch (B = 0): no length to check
     lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
     if lo < 0 or hi > nmax:
         raise ValueError(f"cache_seqlens must lie in [0, {nmax}] (Nmax of k_cache), got values in "

@@ -96,3 +96,11 @@ def test_cache_seqlens_on_a_device_are_checked_without_reading_their_values():
         check_cache_seqlens(torch.empty(3, dtype=torch.int32, device="meta"), q, 10)
     with pytest.raises(ValueError, match=r"must lie in \[0, 10\]"):        # on the CPU they are read
         check_cache_seqlens(torch.tensor([3, 11]), torch.empty(2, 4, 1, 16), 10)
+
+
+def test_flags_take_numpy_bools_and_refuse_truthy_values():
+    import numpy as np
+    assert check_flag(np.bool_(True), "causal") is True and check_flag(np.bool_(False), "causal") is False
+    for bad, kind in (("False", "str"), (2, "int"), (None, "NoneType"), (np.int64(1), "numpy.int64")):
+        with pytest.raises(TypeError, match=f"causal must be a bool, got {kind}"):
+            check_flag(bad, "causal")

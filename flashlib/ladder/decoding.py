@@ -10,13 +10,11 @@ Explained in: notebooks/06_flash_decoding.
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
-from .._checks import acc_dtype, check_io, check_qkv, check_scale, out_dtype
-from ..validation import check_num_splits
-from .masks import causal_mask
+from .._checks import (acc_dtype, check_attention, check_blocks, check_count, check_floating,
+                       check_io, check_num_splits, out_dtype)
+from .masks import causal_mask, masked_matmul
 from .softmax import divide_rows, lse_from_state, safe_exp_diff
 
 __all__ = ["forward", "combine", "split_bounds", "choose_num_splits"]
@@ -25,11 +23,14 @@ __all__ = ["forward", "combine", "split_bounds", "choose_num_splits"]
 def split_bounds(nk: int, num_splits: int) -> list[tuple[int, int]]:
     """Key ranges ``[(start, stop), ...]`` of ``num_splits`` near-equal contiguous chunks of ``nk`` keys.
 
-    Chunks are empty when ``num_splits > nk``; an empty split contributes ``(0, -inf)``.
+    ``nk``: an int >= 0; ``num_splits``: an int >= 1. Exactly ``num_splits`` chunks: some are empty
+    when ``num_splits > nk`` (an empty split contributes ``(0, -inf)``); :func:`forward` asks for at
+    most ``nk``.
 
     Explained in: notebooks/06_flash_decoding.
     Tested in: tests/ladder/test_decoding.py.
     """
+    nk, num_splits = check_count(nk, "nk"), check_num_splits(num_splits)
     edges = [(s * nk) // num_splits for s in range(num_splits + 1)]
     return list(zip(edges[:-1], edges[1:]))
 
@@ -38,12 +39,14 @@ def _attend_split(q, k_s, v_s, k0, nk, causal, scale, acc):
     """One split, one pass: ``(O_s, LSE_s)`` of q against keys ``[k0, k0 + len(k_s))``, O_s normalized."""
     nq = q.shape[-2]
     s = scale * q @ np.swapaxes(k_s, -1, -2)                        # (..., Nq, chunk)
+    seen = None                                                     # None: every key is seen
     if causal:
-        s = np.where(causal_mask(0, nq, k0, k0 + k_s.shape[-2], nq, nk), s, -np.inf)
+        seen = causal_mask(0, nq, k0, k0 + k_s.shape[-2], nq, nk)
+        s = np.where(seen, s, -np.inf)
     m = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full((*s.shape[:-1], 1), -np.inf, acc)
     p = safe_exp_diff(s, m)                                         # (..., Nq, chunk)
     l = p.sum(axis=-1, keepdims=True)
-    o = divide_rows(p @ v_s, l)
+    o = divide_rows(masked_matmul(p, v_s, seen), l)
     return o, lse_from_state(m, l)[..., 0]
 
 
@@ -52,21 +55,22 @@ def forward(q, k, v, *, num_splits, causal=False, scale=None, io=None):
 
     Args:
         q ``(..., Nq, d)`` (decoding: Nq = 1), k ``(..., Nk, d)``, v ``(..., Nk, dv)``.
-        num_splits: number of contiguous K/V chunks (>= 1); each is one work item on a GPU.
+        num_splits: number of contiguous K/V chunks, an int >= 1; each is one work item on a GPU.
+            More splits than keys (``num_splits > Nk``) act as ``Nk``: a split beyond would be empty
+            and add nothing, so none is allocated (the torch API's ``flashlib.decode`` clamps alike).
         causal: bottom-right aligned (the new query sees the whole cache). scale: ``d ** -0.5``.
         io: an :class:`~flashlib.ladder.iomodel.IOCounter`; partial results are counted as written and read.
 
     Returns:
-        ``(o, lse)`` as :func:`flashlib.ladder.fa2.forward`.
+        ``(o, lse)`` as :func:`flashlib.ladder.fa2.forward`, NaN rule included.
 
     Explained in: notebooks/06_flash_decoding.
 
     Tested in: tests/ladder/test_decoding.py.
     """
-    q, k, v = check_qkv(q, k, v)
-    num_splits = check_num_splits(num_splits)
-    scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v)
-    nk = k.shape[-2]
+    q, k, v, causal, scale, io = check_attention(q, k, v, causal, scale, io)
+    acc, nk = acc_dtype(q, k, v), k.shape[-2]
+    num_splits = min(check_num_splits(num_splits), nk)             # an empty split adds nothing
     o_parts = np.empty((num_splits, *q.shape[:-1], v.shape[-1]), dtype=acc)  # in HBM
     lse_parts = np.empty((num_splits, *q.shape[:-1]), dtype=acc)
     for s, (k0, k1) in enumerate(split_bounds(nk, num_splits)):     # kernel 1: one program per split
@@ -95,14 +99,7 @@ def combine(o_parts, lse_parts, *, io=None):
 
     Tested in: tests/ladder/test_decoding.py.
     """
-    o_parts, lse_parts = np.asarray(o_parts), np.asarray(lse_parts)
-    for name, x in (("o_parts", o_parts), ("lse_parts", lse_parts)):
-        if not np.issubdtype(x.dtype, np.floating):
-            raise TypeError(f"{name} must be floating-point, got dtype {x.dtype}")
-    if o_parts.ndim < 2 or o_parts.shape[:-1] != lse_parts.shape or o_parts.shape[0] == 0:
-        raise ValueError(f"o_parts must be (S, ..., Nq, dv) and lse_parts (S, ..., Nq) with S >= 1, "
-                         f"got o_parts {o_parts.shape} and lse_parts {lse_parts.shape}")
-    io = check_io(io)
+    o_parts, lse_parts, io = _check_parts(o_parts, lse_parts, io)
     lse_parts, o_parts = io.load(lse_parts), io.load(o_parts)
     m = lse_parts.max(axis=0)                                       # (..., Nq)
     w = safe_exp_diff(lse_parts, m)                                 # (S, ..., Nq): exp(LSE_s - m)
@@ -128,12 +125,20 @@ def choose_num_splits(batch_heads: int, n_query_blocks: int, nk: int, num_sms: i
 
     Tested in: tests/ladder/test_decoding.py.
     """
-    for name, val in (("batch_heads", batch_heads), ("n_query_blocks", n_query_blocks), ("nk", nk),
-                      ("num_sms", num_sms), ("block_k", block_k), ("max_splits", max_splits)):
-        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 1:
-            raise ValueError(f"{name} must be a positive int, got {val!r}")
+    batch_heads, n_query_blocks, nk, num_sms, block_k, max_splits = check_blocks(
+        batch_heads=batch_heads, n_query_blocks=n_query_blocks, nk=nk, num_sms=num_sms,
+        block_k=block_k, max_splits=max_splits)
     items = batch_heads * n_query_blocks
     if items >= num_sms:
         return 1
     wanted = -(-num_sms // items)
     return max(1, min(wanted, -(-nk // block_k), max_splits))
+
+
+def _check_parts(o_parts, lse_parts, io):
+    """combine's arguments: floating ``o_parts (S, ..., Nq, dv)`` and ``lse_parts (S, ..., Nq)``."""
+    o_parts, lse_parts = check_floating(o_parts, "o_parts"), check_floating(lse_parts, "lse_parts")
+    if o_parts.ndim < 2 or o_parts.shape[:-1] != lse_parts.shape or o_parts.shape[0] == 0:
+        raise ValueError(f"o_parts must be (S, ..., Nq, dv) and lse_parts (S, ..., Nq) with S >= 1, "
+                         f"got o_parts {o_parts.shape} and lse_parts {lse_parts.shape}")
+    return o_parts, lse_parts, check_io(io)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import acc_dtype, check_block, check_io, check_qkv, check_scale, out_dtype
-from .masks import block_hidden, causal_mask
+from .._checks import acc_dtype, check_attention, check_block, check_blocks, out_dtype
+from .masks import block_hidden, causal_mask, masked_matmul
 from .softmax import divide_rows, safe_exp_diff
 
 __all__ = ["forward", "paper_block_sizes"]
@@ -33,7 +33,9 @@ def paper_block_sizes(sram_bytes: int, d: int, bytes_per_element: int = 2) -> tu
 
     Tested in: tests/ladder/test_fa1.py.
     """
-    m = int(sram_bytes) // bytes_per_element                       # M, in elements
+    sram_bytes, d, bytes_per_element = check_blocks(sram_bytes=sram_bytes, d=d,
+                                                    bytes_per_element=bytes_per_element)
+    m = sram_bytes // bytes_per_element                             # M, in elements
     if m < 4 * d:
         raise ValueError(f"sram_bytes={sram_bytes} is too small for one tile: FlashAttention needs "
                          f"M >= 4d = {4 * d} elements ({4 * d * bytes_per_element} bytes) for d={d}")
@@ -54,14 +56,15 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, sr
         io: an :class:`~flashlib.ladder.iomodel.IOCounter` receiving every HBM load/store.
 
     Returns:
-        ``o (..., Nq, dv)``; rows that see no key are 0.
+        ``o (..., Nq, dv)``; rows that see no key are 0; NaN as in
+        :func:`flashlib.ladder.fa2.forward`.
 
     Explained in: notebooks/03_flashattention1.
 
     Tested in: tests/ladder/test_fa1.py.
     """
-    q, k, v = check_qkv(q, k, v)
-    scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v)
+    q, k, v, causal, scale, io = check_attention(q, k, v, causal, scale, io)
+    acc = acc_dtype(q, k, v)
     nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     if sram_bytes is not None:
         sram_bytes = check_block(sram_bytes, "sram_bytes")
@@ -86,16 +89,17 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, sr
             o_i, l_i, m_i = io.load(o[rows]), io.load(l[rows]), io.load(m[rows])
             io.sram(k_j, v_j, q_i, o_i, limit=sram_bytes)
             s_ij = scale * q_i @ np.swapaxes(k_j, -1, -2)           # line 9: S_ij = Q_i K_j^T  (..., Br, Bc)
+            seen = None                                             # None: every key is seen
             if causal:
-                s_ij = np.where(causal_mask(i, i + q_i.shape[-2], j, j + k_j.shape[-2], nq, nk),
-                                s_ij, -np.inf)
+                seen = causal_mask(i, i + q_i.shape[-2], j, j + k_j.shape[-2], nq, nk)
+                s_ij = np.where(seen, s_ij, -np.inf)
             m_t = s_ij.max(axis=-1, keepdims=True)                  # line 10: m~_ij = rowmax(S_ij)
             p_t = safe_exp_diff(s_ij, m_t)                          #          P~_ij = exp(S_ij - m~_ij)
             l_t = p_t.sum(axis=-1, keepdims=True)                   #          l~_ij = rowsum(P~_ij)
             m_new = np.maximum(m_i, m_t)                            # line 11: m_new = max(m_i, m~_ij)
             a, b = safe_exp_diff(m_i, m_new), safe_exp_diff(m_t, m_new)
             l_new = a * l_i + b * l_t                               #          l_new = e^(..) l_i + e^(..) l~
-            num = l_i * a * o_i + b * (p_t @ v_j)                   # line 12: O_i = diag(l_new)^-1 (...)
+            num = l_i * a * o_i + b * masked_matmul(p_t, v_j, seen)  # line 12: O_i = diag(l_new)^-1 ..
             io.store(o, rows, divide_rows(num, l_new))
             io.store(l, rows, l_new), io.store(m, rows, m_new)      # line 13: write l_i, m_i
             io.flops(matmul=2 * s_ij.size * (d + v.shape[-1]),

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import (acc_dtype, check_block, check_io, check_like, check_qkv, check_scale,
-                      out_dtype)
-from .masks import block_hidden, causal_mask
+from .._checks import acc_dtype, check_attention, check_block, check_like, out_dtype
+from .masks import block_hidden, causal_mask, masked_matmul
 from .softmax import divide_rows, lse_from_state, safe_exp_diff
 
 __all__ = ["forward", "backward"]
@@ -24,11 +23,13 @@ DEFAULT_BLOCK_K = 64
 
 
 def _masked_scores(q_i, k_j, scale, causal, i, j, nq, nk):
-    """S_ij = scale * Q_i K_j^T with future keys set to -inf.  (..., Br, Bc)"""
+    """S_ij = scale * Q_i K_j^T with future keys set to -inf  (..., Br, Bc), and the mask (None
+    when not causal: every key visible)."""
     s_ij = scale * q_i @ np.swapaxes(k_j, -1, -2)
-    if causal:
-        s_ij = np.where(causal_mask(i, i + q_i.shape[-2], j, j + k_j.shape[-2], nq, nk), s_ij, -np.inf)
-    return s_ij
+    if not causal:
+        return s_ij, None
+    visible = causal_mask(i, i + q_i.shape[-2], j, j + k_j.shape[-2], nq, nk)
+    return np.where(visible, s_ij, -np.inf), visible
 
 
 def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, io=None):
@@ -42,14 +43,16 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, io
 
     Returns:
         ``(o, lse)``: ``o (..., Nq, dv)``, ``lse (..., Nq)`` the natural-log log-sum-exp of the scaled
-        scores (``-inf`` and ``o = 0`` for a row that sees no key).
+        scores (``-inf`` and ``o = 0`` for a row that sees no key). NaN (flashlib's one rule): a NaN
+        in ``q[i]``, or in ``k[j]`` of a key row i sees, makes row i's o and lse NaN; one in ``v[j]``
+        its o; a NaN behind the causal mask changes nothing.
 
     Explained in: notebooks/04_flashattention2.
 
     Tested in: tests/ladder/test_fa2.py.
     """
-    q, k, v = check_qkv(q, k, v)
-    scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v)
+    q, k, v, causal, scale, io = check_attention(q, k, v, causal, scale, io)
+    acc = acc_dtype(q, k, v)
     br = check_block(block_q, "block_q", DEFAULT_BLOCK_Q)
     bc = check_block(block_k, "block_k", DEFAULT_BLOCK_K)
     nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -67,12 +70,12 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, io
             k_j = io.load(k[..., j:j + bc, :]).astype(acc)          # line 7: load K_j, V_j  (..., Bc, d)
             v_j = io.load(v[..., j:j + bc, :]).astype(acc)
             io.sram(q_i, k_j, v_j, o_i)
-            s_ij = _masked_scores(q_i, k_j, scale, causal, i, j, nq, nk)   # line 8: S_ij (..., Br, Bc)
+            s_ij, seen = _masked_scores(q_i, k_j, scale, causal, i, j, nq, nk)  # line 8: S_ij
             m_new = np.maximum(m_i, s_ij.max(axis=-1, keepdims=True))      # line 9: m_i^(j)
             p_ij = safe_exp_diff(s_ij, m_new)                              #   P~ = exp(S - m_i^(j))
             alpha = safe_exp_diff(m_i, m_new)                              #   e^(m^(j-1) - m^(j))
             l_i = alpha * l_i + p_ij.sum(axis=-1, keepdims=True)           #   l_i^(j)
-            o_i = alpha * o_i + p_ij @ v_j                          # line 10: O_i^(j), unnormalized
+            o_i = alpha * o_i + masked_matmul(p_ij, v_j, seen)      # line 10: O_i^(j), unnormalized
             m_i = m_new
             io.flops(matmul=2 * s_ij.size * (d + v.shape[-1]), other=4 * s_ij.size + 2 * o_i.size)
         o_i = divide_rows(o_i, l_i)                                 # line 12: diag(l)^-1 O_i
@@ -96,11 +99,11 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_q=None, blo
 
     Tested in: tests/ladder/test_fa2.py.
     """
-    q, k, v = check_qkv(q, k, v)
+    q, k, v, causal, scale, io = check_attention(q, k, v, causal, scale, io)
     o = check_like(o, "o", (*q.shape[:-1], v.shape[-1]))
     lse = check_like(lse, "lse", q.shape[:-1])
     do = check_like(do, "do", o.shape)
-    scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v, do)
+    acc = acc_dtype(q, k, v, do)
     br = check_block(block_q, "block_q", DEFAULT_BLOCK_Q)
     bc = check_block(block_k, "block_k", DEFAULT_BLOCK_K)
     nq, nk = q.shape[-2], k.shape[-2]
@@ -120,7 +123,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_q=None, blo
                 continue                                            # K_j is in the future of all of Q_i
             q_i, do_i = io.load(q[rows]).astype(acc), io.load(do[rows]).astype(acc)  # line 9 (O_i is
             l_i, d_i = io.load(lse_col[rows]), io.load(big_d[rows])  # not needed once D is saved)
-            s_ij = _masked_scores(q_i, k_j, scale, causal, i, j, nq, nk)   # line 10: S_ij
+            s_ij, _ = _masked_scores(q_i, k_j, scale, causal, i, j, nq, nk)  # line 10: S_ij
             p_ij = safe_exp_diff(s_ij, l_i)                         # line 11: P_ij = exp(S_ij - L_i)
             dv_j += np.swapaxes(p_ij, -1, -2) @ do_i                # line 12: dV_j += P^T dO_i
             dp_ij = do_i @ np.swapaxes(v_j, -1, -2)                 # line 13: dP_ij = dO_i V_j^T

@@ -11,9 +11,9 @@ Explained in: notebooks/01_naive_attention (traffic) and notebooks/03_flashatten
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
+
+from ..validation import check_block, check_count
 
 __all__ = ["IOCounter", "SRAMOverflowError"]
 
@@ -24,6 +24,15 @@ class SRAMOverflowError(ValueError):
     Explained in: notebooks/01_naive_attention.
     Tested in: tests/ladder/test_iomodel.py.
     """
+
+
+def _tile(tile, name: str) -> np.ndarray:
+    """A tile: a NumPy array of numbers or bools (or what ``np.asarray`` makes one of)."""
+    array = np.asarray(tile) if not type(tile).__module__.startswith("torch") else None
+    if array is None or array.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be a NumPy array of numbers, got {type(tile).__name__}"
+                        + ("" if array is None else f" of dtype {array.dtype}"))
+    return array
 
 
 def _elements_per_problem(tile: np.ndarray) -> int:
@@ -57,15 +66,8 @@ class IOCounter:
     """
 
     def __init__(self, bytes_per_element: int = 2, sram_bytes: int | None = None):
-        if isinstance(bytes_per_element, bool) or not isinstance(bytes_per_element, numbers.Integral) \
-                or bytes_per_element < 1:
-            raise ValueError(f"bytes_per_element must be a positive int, got {bytes_per_element!r}")
-        if sram_bytes is not None and (isinstance(sram_bytes, bool)
-                                       or not isinstance(sram_bytes, numbers.Integral)
-                                       or sram_bytes < 1):
-            raise ValueError(f"sram_bytes must be a positive int or None, got {sram_bytes!r}")
-        self.bytes_per_element = int(bytes_per_element)
-        self.sram_bytes = None if sram_bytes is None else int(sram_bytes)
+        self.bytes_per_element = check_block(bytes_per_element, "bytes_per_element")
+        self.sram_bytes = None if sram_bytes is None else check_block(sram_bytes, "sram_bytes")
         self.reset()
 
     def reset(self) -> None:
@@ -83,11 +85,14 @@ class IOCounter:
 
     def load(self, tile: np.ndarray) -> np.ndarray:
         """Count ``tile`` as read from HBM and return it (a copy: it now lives on chip)."""
+        tile = _tile(tile, "tile")
         self.hbm_read_bytes += tile.size * self.bytes_per_element
         return np.array(tile, copy=True)
 
     def store(self, dst: np.ndarray, index, tile) -> None:
         """Write ``tile`` to ``dst[index]`` in HBM and count the bytes written."""
+        if not isinstance(dst, np.ndarray):
+            raise TypeError(f"dst must be a NumPy array (the HBM buffer), got {type(dst).__name__}")
         dst[index] = tile
         self.hbm_write_bytes += np.asarray(dst[index]).size * self.bytes_per_element
 
@@ -97,7 +102,8 @@ class IOCounter:
         The budget is ``sram_bytes``, or ``limit`` (an algorithm's own ``sram_bytes`` argument) when
         that is smaller. Returns the working set in bytes for one problem (one batch element, head).
         """
-        used = sum(_elements_per_problem(t) for t in tiles) * self.bytes_per_element
+        limit = None if limit is None else check_block(limit, "limit")
+        used = sum(_elements_per_problem(_tile(t, "tiles")) for t in tiles) * self.bytes_per_element
         self.peak_sram_bytes = max(self.peak_sram_bytes, used)
         budget = min((b for b in (self.sram_bytes, limit) if b is not None), default=None)
         if budget is not None and used > budget:
@@ -109,8 +115,8 @@ class IOCounter:
 
     def flops(self, matmul: int = 0, other: int = 0) -> None:
         """Count operations: ``matmul`` (multiply-adds count 2) and ``other`` (exp, max, scale, divide)."""
-        self.matmul_flops += int(matmul)
-        self.other_flops += int(other)
+        self.matmul_flops += check_count(matmul, "matmul")
+        self.other_flops += check_count(other, "other")
 
     def __repr__(self) -> str:
         return (f"IOCounter(read={self.hbm_read_bytes:,} B, write={self.hbm_write_bytes:,} B, "

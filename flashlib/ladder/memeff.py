@@ -14,19 +14,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import acc_dtype, check_block, check_io, check_qkv, check_scale, out_dtype
-from .masks import causal_mask
+from .._checks import acc_dtype, check_attention, check_block, out_dtype
+from .masks import causal_mask, masked_matmul
 from .softmax import divide_rows, lse_from_state, merge, safe_exp_diff
 
 __all__ = ["lse_first", "chunked"]
 
 
 def _scores(q, k_j, scale, causal, q0, k0, nq, nk):
-    """scale * Q K_j^T for queries [q0, ...) and keys [k0, ...), future keys -inf.  (..., Nq, Bc)"""
+    """scale * Q K_j^T for queries [q0, ...) and keys [k0, ...), future keys -inf  (..., Nq, Bc);
+    and the mask (None when not causal)."""
     s = scale * q @ np.swapaxes(k_j, -1, -2)
-    if causal:
-        s = np.where(causal_mask(q0, q0 + q.shape[-2], k0, k0 + k_j.shape[-2], nq, nk), s, -np.inf)
-    return s
+    if not causal:
+        return s, None
+    visible = causal_mask(q0, q0 + q.shape[-2], k0, k0 + k_j.shape[-2], nq, nk)
+    return np.where(visible, s, -np.inf), visible
 
 
 def lse_first(q, k, v, *, causal=False, scale=None, block_k=64, io=None):
@@ -36,22 +38,22 @@ def lse_first(q, k, v, *, causal=False, scale=None, block_k=64, io=None):
 
     Tested in: tests/ladder/test_memeff.py.
     """
-    q, k, v = check_qkv(q, k, v)
-    scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v)
+    q, k, v, causal, scale, io = check_attention(q, k, v, causal, scale, io)
+    acc = acc_dtype(q, k, v)
     bc = check_block(block_k, "block_k")
     nq, nk = q.shape[-2], k.shape[-2]
     q_ = io.load(q).astype(acc)                                     # (..., Nq, d)
     lse = np.full(q.shape[:-1], -np.inf, dtype=acc)                 # pass 1: lse over key tiles
     for j in range(0, nk, bc):
-        s = _scores(q_, io.load(k[..., j:j + bc, :]).astype(acc), scale, causal, 0, j, nq, nk)
+        s, _ = _scores(q_, io.load(k[..., j:j + bc, :]).astype(acc), scale, causal, 0, j, nq, nk)
         with np.errstate(invalid="ignore"):                         # NaN input stays NaN
             lse = np.logaddexp(lse, lse_from_state(*_tile_state(s)))  # logaddexp(-inf, -inf) = -inf
     o = np.zeros((*q.shape[:-1], v.shape[-1]), dtype=acc)           # pass 2: accumulate exp(S - lse) V
     for j in range(0, nk, bc):
         k_j = io.load(k[..., j:j + bc, :]).astype(acc)
         v_j = io.load(v[..., j:j + bc, :]).astype(acc)
-        p = safe_exp_diff(_scores(q_, k_j, scale, causal, 0, j, nq, nk), lse[..., None])
-        o += p @ v_j                                                # already normalized: no rescaling
+        s, seen = _scores(q_, k_j, scale, causal, 0, j, nq, nk)
+        o += masked_matmul(safe_exp_diff(s, lse[..., None]), v_j, seen)  # normalized: no rescaling
     out = np.empty(o.shape, dtype=out_dtype(q, k, v))
     io.store(out, ..., o)
     return out, lse
@@ -74,8 +76,8 @@ def chunked(q, k, v, *, causal=False, scale=None, query_chunk=1024, key_chunk=40
 
     Tested in: tests/ladder/test_memeff.py.
     """
-    q, k, v = check_qkv(q, k, v)
-    scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v)
+    q, k, v, causal, scale, io = check_attention(q, k, v, causal, scale, io)
+    acc = acc_dtype(q, k, v)
     qc = check_block(query_chunk, "query_chunk")
     kc = check_block(key_chunk, "key_chunk")
     nq, nk = q.shape[-2], k.shape[-2]
@@ -87,8 +89,9 @@ def chunked(q, k, v, *, causal=False, scale=None, query_chunk=1024, key_chunk=40
         for j in range(0, nk, kc):                                  # summarize_chunk per key chunk
             k_j = io.load(k[..., j:j + kc, :]).astype(acc)
             v_j = io.load(v[..., j:j + kc, :]).astype(acc)
-            m_j, l_j = _tile_state(s := _scores(q_i, k_j, scale, causal, i, j, nq, nk))
-            values.append(safe_exp_diff(s, m_j[..., None]) @ v_j)  # exp_values   (..., Qc, dv)
+            s, seen = _scores(q_i, k_j, scale, causal, i, j, nq, nk)
+            m_j, l_j = _tile_state(s)
+            values.append(masked_matmul(safe_exp_diff(s, m_j[..., None]), v_j, seen))  # exp_values
             weights.append(l_j)                                     # exp_weights  (..., Qc)
             maxes.append(m_j)                                       # max_score    (..., Qc)
         m, l = -np.inf, 0.0                                         # combine: rescale to global max

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import acc_dtype, check_io, check_like, check_qkv, check_scale, out_dtype
-from .masks import causal_mask
+from .._checks import acc_dtype, check_attention, check_like, out_dtype
+from .masks import causal_mask, masked_matmul
 from .softmax import divide_rows
 
 __all__ = ["attention", "backward"]
@@ -50,17 +50,19 @@ def attention(q, k, v, *, causal=False, scale=None, io=None):
         io: an :class:`~flashlib.ladder.iomodel.IOCounter` that receives every HBM load and store.
 
     Returns:
-        ``o (..., Nq, dv)`` in the inputs' dtype; rows that see no key are 0.
+        ``o (..., Nq, dv)`` in the inputs' dtype; rows that see no key are 0; NaN follows the rule of
+        :func:`flashlib.ladder.fa2.forward`.
 
     Explained in: notebooks/01_naive_attention.
 
     Tested in: tests/ladder/test_naive.py.
     """
-    q, k, v = check_qkv(q, k, v)
-    scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v)
+    q, k, v, causal, scale, io = check_attention(q, k, v, causal, scale, io)
+    acc = acc_dtype(q, k, v)
     p = _scores_and_probs(q, k, causal, scale, io, acc)             # lines 1-2
     o = np.empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype(q, k, v))
-    o_ = io.load(p) @ io.load(v).astype(acc)                        # line 3: load P, V; O = PV
+    seen = causal_mask(0, q.shape[-2], 0, k.shape[-2], q.shape[-2], k.shape[-2]) if causal else None
+    o_ = masked_matmul(io.load(p), io.load(v).astype(acc), seen)    # line 3: load P, V; O = PV
     io.flops(matmul=2 * p.size * v.shape[-1])
     io.store(o, ..., o_)                                            # line 3: write O
     return o
@@ -81,10 +83,10 @@ def backward(q, k, v, o, do, *, causal=False, scale=None, io=None):
 
     Tested in: tests/ladder/test_naive.py.
     """
-    q, k, v = check_qkv(q, k, v)
+    q, k, v, causal, scale, io = check_attention(q, k, v, causal, scale, io)
     o = check_like(o, "o", (*q.shape[:-1], v.shape[-1]))
     do = check_like(do, "do", o.shape)
-    scale, io, acc = check_scale(scale, q.shape[-1]), check_io(io), acc_dtype(q, k, v, do)
+    acc = acc_dtype(q, k, v, do)
     p = _scores_and_probs(q, k, causal, scale, io, acc)             # P, as the forward left it
     dq, dk, dv, dp, ds = (np.empty(x.shape, dtype=acc) for x in (q, k, v, p, p))
     p_, do_ = io.load(p), io.load(do).astype(acc)                   # line 1: load P, dO

@@ -15,18 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import check_real, check_rows, check_states
+
 __all__ = ["naive_softmax", "safe_softmax", "online_softmax", "online_state", "merge",
            "lse_from_state", "logsumexp", "safe_exp_diff", "divide_rows"]
-
-
-def _check(x, name="x"):
-    if not isinstance(x, np.ndarray):
-        x = np.asarray(x)
-    if not np.issubdtype(x.dtype, np.floating):
-        raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
-    if x.ndim < 1 or x.shape[-1] == 0:
-        raise ValueError(f"{name} must have a non-empty last axis, got shape {x.shape}")
-    return x
 
 
 def safe_exp_diff(a, b):
@@ -35,6 +27,7 @@ def safe_exp_diff(a, b):
     Explained in: notebooks/02_online_softmax.
     Tested in: tests/ladder/test_softmax.py.
     """
+    a, b = check_real(a=a, b=b)
     b_safe = np.where(np.isneginf(b), 0.0, b)
     with np.errstate(invalid="ignore"):
         return np.where(np.isneginf(a), 0.0, np.exp(a - b_safe))
@@ -46,6 +39,7 @@ def divide_rows(num, l):
     Explained in: notebooks/01_naive_attention.
     Tested in: tests/ladder/test_softmax.py.
     """
+    num, l = check_real(num=num, l=l)
     return np.divide(num, l, out=np.zeros(np.broadcast_shapes(num.shape, l.shape),
                                           np.result_type(num, l)), where=l != 0)
 
@@ -57,7 +51,7 @@ def naive_softmax(x):
 
     Tested in: tests/ladder/test_softmax.py.
     """
-    x = _check(x)
+    x = check_rows(x)
     with np.errstate(over="ignore", invalid="ignore"):
         e = np.exp(x)
         return e / e.sum(axis=-1, keepdims=True, dtype=x.dtype)
@@ -68,7 +62,7 @@ def safe_softmax(x):
 
     Tested in: tests/ladder/test_softmax.py.
     """
-    x = _check(x)
+    x = check_rows(x)
     m = x.max(axis=-1, keepdims=True)                      # pass 1: m = max_j x_j
     e = safe_exp_diff(x, m)                                # pass 2: l = sum_j exp(x_j - m)
     l = e.sum(axis=-1, keepdims=True)
@@ -87,7 +81,7 @@ def online_state(x):
 
     Tested in: tests/ladder/test_softmax.py.
     """
-    x = _check(x)
+    x = check_rows(x)
     m = np.full(x.shape[:-1], -np.inf, dtype=x.dtype)      # line 1: m_0 = -inf
     l = np.zeros(x.shape[:-1], dtype=x.dtype)              # line 2: d_0 = 0
     for j in range(x.shape[-1]):                           # line 3: for j = 1..V
@@ -117,6 +111,7 @@ def merge(m_a, l_a, m_b, l_b):
 
     Tested in: tests/ladder/test_softmax.py.
     """
+    m_a, l_a, m_b, l_b = check_states(m_a=m_a, l_a=l_a, m_b=m_b, l_b=l_b)
     m = np.maximum(m_a, m_b)
     return m, l_a * safe_exp_diff(m_a, m) + l_b * safe_exp_diff(m_b, m)
 
@@ -127,9 +122,9 @@ def lse_from_state(m, l):
     Explained in: notebooks/02_online_softmax.
     Tested in: tests/ladder/test_softmax.py.
     """
-    m = np.asarray(m)
+    m, l = check_states(m=m, l=l)
     with np.errstate(divide="ignore"):
-        return np.where(np.asarray(l) == 0, -np.inf, np.where(np.isneginf(m), 0.0, m) + np.log(l))
+        return np.where(l == 0, -np.inf, np.where(np.isneginf(m), 0.0, m) + np.log(l))
 
 
 def logsumexp(x, axis=-1):
@@ -138,7 +133,7 @@ def logsumexp(x, axis=-1):
     Explained in: notebooks/02_online_softmax.
     Tested in: tests/ladder/test_softmax.py.
     """
-    x = _check(x)
+    x = check_rows(x, axis=axis)
     m = x.max(axis=axis, keepdims=True)
     l = safe_exp_diff(x, m).sum(axis=axis, keepdims=True)
     return np.squeeze(lse_from_state(m, l), axis=axis)

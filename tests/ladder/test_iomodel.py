@@ -25,8 +25,9 @@ def test_sram_budget_is_enforced():
 
 
 def test_counter_arguments_are_checked():
-    for bad in (0, -1, 1.5, True):
-        with pytest.raises(ValueError, match="bytes_per_element"):
+    for bad, exc in ((0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError),
+                     ("2", TypeError)):
+        with pytest.raises(exc, match="bytes_per_element must be a positive int"):
             IOCounter(bytes_per_element=bad)
     with pytest.raises(ValueError, match="sram_bytes"):
         IOCounter(sram_bytes=0)
