@@ -11,6 +11,12 @@ a plain :class:`torch.autograd.Function` and a plain function. All call a backen
 A custom op's dispatch costs host time, so :func:`path` sends each call the cheapest way that is still
 correct: the op only where the compiler, a dispatch mode, a subclass or a torch.func transform needs it.
 
+Empty batches (B = 0 or H = 0: q holds no element) and meta tensors never reach a backend: as
+torch's SDPA does, the forward and decode return ``o`` and ``lse`` of the right shapes and dtypes
+(empty, or on the meta device), the backward zeros (empty, or zeros for a k, v that are not empty
+when H = 0), on every backend and every way. A kernel could not launch zero programs, nor read a
+meta tensor.
+
 Explained in: notebooks/07_triton.
 """
 from __future__ import annotations
@@ -34,19 +40,30 @@ def _blocks(block_q: int, block_k: int):
     return (block_q or None, block_k or None)      # 0 travels through the op as "not chosen"
 
 
+def _nothing_to_compute(q) -> bool:
+    """B = 0 or H = 0 (q holds no element: no program to launch), or meta tensors (shapes only)."""
+    return q.numel() == 0 or q.is_meta
+
+
 def _fwd_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
+    if _nothing_to_compute(q):
+        return _fake_outputs(q)
     o, lse = BACKENDS[backend].forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
                                        blocks=_blocks(block_q, block_k))
     return o.contiguous(), lse.contiguous()         # the op's promise (see its fake below)
 
 
 def _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k):
+    if _nothing_to_compute(q):                        # no query: no gradient anywhere
+        return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     grads = BACKENDS[backend].backward(q, k, v, o, lse, do, causal=causal, scale=scale,
                                        allow_tf32=allow_tf32, blocks=_blocks(block_q, block_k))
     return tuple(g.contiguous() for g in grads)
 
 
 def _decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend):
+    if _nothing_to_compute(q):
+        return _fake_outputs(q)
     o, lse = BACKENDS[backend].decode(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
                                       scale=scale)
     return o.contiguous(), lse.contiguous()

@@ -40,6 +40,12 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
         causal: bottom-right aligned mask: query ``i`` sees key ``j`` iff ``j <= i + Nk - Nq``
             (flash-attn >= 2.1). A query that sees no key outputs 0 with ``lse = -inf``; its gradients
             are 0, never NaN.
+
+    NaN, on every backend: a NaN in query row ``i``, or in a key row ``i`` sees, makes row ``i``'s
+    ``o`` and ``lse`` NaN; a NaN in a value row ``i`` sees makes its ``o`` NaN. A NaN at a key that row
+    ``i`` does not see (hidden by the causal mask) changes nothing in row ``i`` (torch's SDPA has no
+    one rule here: its math backend spreads it to every row). A query that sees no key still outputs
+    0 and ``-inf``. Gradients of a NaN row are not specified.
         scale: softmax scale, default ``d ** -0.5``.
         return_lse: also return ``lse``, the natural-log log-sum-exp of the scaled (masked) scores,
             float32 ``(B, H, Nq)`` (float64 for float64 inputs). It carries no gradient.
@@ -55,7 +61,10 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
 
     Returns:
         ``o`` ``(B, H, Nq, d)`` in q's dtype, or ``(o, lse)`` if ``return_lse``. Gradients flow to
-        q, k and v on every backend (dk, dv summed over each GQA group).
+        q, k and v on every backend (dk, dv summed over each GQA group). As with torch's SDPA, an
+        empty batch (B = 0, or H = 0) gives empty outputs and gradients (zeros for a non-empty k, v)
+        without running a kernel, and meta tensors give the outputs' shapes and dtypes, computing
+        nothing (:mod:`flashlib._ops`).
 
     Raises:
         TypeError: a non-tensor, a non-float dtype, q/k/v dtypes differ, a non-bool flag, a non-str
@@ -110,19 +119,29 @@ def attention_qkvpacked(qkv, *, causal=False, scale=None, return_lse=False, back
 def default_num_splits(q, k_cache) -> int:
     """Decode's split count when ``num_splits=None``: fill the GPU about once.
 
-    Work items without splitting: ``B · Hkv · ceil(group · Nq / 64)`` (a decode program takes up to 64
-    stacked query rows of one kv head). :func:`flashlib.ladder.decoding.choose_num_splits` then asks for
-    ``ceil(SMs / items)`` splits, each keeping at least 256 keys of the cache (Nmax), at most 128.
-    SMs: the CUDA device's count; on a CPU a fixed 4 (:data:`CPU_SPLIT_SMS`), or the rehearsed GPU's
-    (:func:`flashlib.hardware.rehearse`).
+    ``q`` ``(B, H, Nq, d)`` and ``k_cache`` ``(B, Hkv, Nmax, d)`` are checked as :func:`decode`
+    checks them (TypeError/ValueError naming the argument). Work items without splitting:
+    ``B · Hkv · ceil(group · Nq / 64)`` (a decode program takes up to 64 stacked query rows of one
+    kv head). :func:`flashlib.ladder.decoding.choose_num_splits` then asks for ``ceil(SMs / items)``
+    splits, each keeping at least 256 keys of the cache (Nmax), at most 128; 1 when there is no work
+    item (B = 0 or H = 0). SMs: the CUDA device's count; on a CPU a fixed 4 (:data:`CPU_SPLIT_SMS`),
+    or the rehearsed GPU's (:func:`flashlib.hardware.rehearse`).
 
     Explained in: notebooks/06_flash_decoding (``choose_num_splits``, the rule it applies).
     Tested in: tests/test_api.py.
     """
+    check_tensors(q, k_cache, k_cache, k_name="k_cache", v_name="k_cache")
+    return _default_num_splits(q, k_cache)
+
+
+def _default_num_splits(q, k_cache) -> int:
+    """:func:`default_num_splits` of checked tensors (decode has checked them: no second check)."""
     from .ladder.decoding import choose_num_splits
     B, H, NQ, _ = q.shape
     hkv, nmax = k_cache.shape[1], k_cache.shape[2]
     row_blocks = -(-(H // hkv) * NQ // 64)
+    if B * hkv * row_blocks == 0:
+        return 1                                         # an empty batch: nothing to split
     from .hardware import device_facts
     facts = device_facts(q.device)                       # the driver's (once per device), or a rehearsed GPU's
     sms = facts.sms if facts is not None else CPU_SPLIT_SMS
@@ -140,19 +159,28 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
         cache_seqlens: None (every sequence uses all Nmax entries; no lengths tensor is made) or
             an integer tensor ``(B,)`` (int32 or int64, on q's device) of valid lengths
             ``0 <= cache_seqlens[b] <= Nmax``: sequence b attends to ``k_cache[b, :, :cache_seqlens[b]]``
-            (ragged batches). Every query
-            sees every valid key (append the new tokens to the cache first). A sequence of length 0
-            outputs 0 with ``lse = -inf``. On a GPU the lengths are never read back by the host (that
-            would make every decode step wait for the GPU, and forbid CUDA-graph capture): the kernels
-            clamp each into ``[0, Nmax]`` instead of raising.
+            (ragged batches). Every query sees every valid key (append the new tokens to the cache
+            first). A sequence of length 0 outputs 0 with ``lse = -inf``. Entries past a sequence's
+            length are never read: a NaN there (uninitialised cache memory) changes nothing; a NaN in
+            q or in a valid entry follows :func:`attention`'s NaN rule. On a GPU the lengths are never
+            read back by the host (that would make every decode step wait for the GPU, and forbid
+            CUDA-graph capture): the kernels clamp each into ``[0, Nmax]`` instead of raising (in 64
+            bits, before any narrowing: a length of 2**32 + 3 is Nmax, never 3).
         num_splits: number of K/V chunks attended in parallel (int >= 1), or None for
-            :func:`default_num_splits` (from the GPU's SM count; on a CPU a fixed rule).
+            :func:`default_num_splits` (from the GPU's SM count; on a CPU a fixed rule). Clamped to
+            what can be non-empty: a split holds at least one key, so more than Nmax splits act as
+            Nmax (as :func:`flashlib.ladder.decoding.forward` takes more splits than keys); the
+            "triton" backend's splits are whole key blocks of at least 16 keys, so it runs at most
+            ``ceil(Nmax / 16)``. The splits dropped would be empty and add nothing: the answer is the
+            same.
         scale: softmax scale, default ``d ** -0.5``.
         return_lse: also return the float32 ``lse (B, H, Nq)`` (natural log).
         backend: "triton", "reference", "cuda" or "auto", as for :func:`attention`.
 
     Returns:
         ``o`` ``(B, H, Nq, d)`` in q's dtype, or ``(o, lse)``. Inference only: not differentiable.
+        An empty batch (B = 0, or H = 0) and meta tensors are answered as :func:`attention` answers
+        them.
 
     Raises:
         TypeError: as :func:`attention`; cache_seqlens not an integer tensor; num_splits not an int.
@@ -167,7 +195,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
     check_tensors(q, k_cache, v_cache, k_name="k_cache", v_name="v_cache")
     if cache_seqlens is not None:                     # None travels down: no lengths tensor to fill
         cache_seqlens = check_cache_seqlens(cache_seqlens, q, k_cache.shape[2])
-    num_splits = default_num_splits(q, k_cache) if num_splits is None else check_num_splits(num_splits)
+    num_splits = (_default_num_splits(q, k_cache) if num_splits is None
+                  else check_num_splits(num_splits))
+    num_splits = min(num_splits, k_cache.shape[2])   # a split of no key adds nothing (Nmax >= 1)
     return_lse = check_flag(return_lse, "return_lse")
     scale = check_scale(scale, q.shape[-1])
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k_cache, v_cache)):

@@ -97,20 +97,144 @@ def test_default_num_splits_rule():
 
 
 def test_default_num_splits_on_a_gpu_reads_its_sm_count(monkeypatch):
-    """The GPU branch, with a faked H100 (132 SMs): Llama-style decode, B1, 32 query heads on 8 kv heads,
-    one token, is 8 work items; ceil(132 / 8) = 17 splits fill the GPU, capped at one split per 256 keys."""
-    import types
-
+    """The GPU branch, with a faked H100 (132 SMs) as the device's facts: Llama-style decode, B1, 32
+    query heads on 8 kv heads, one token, is 8 work items; ceil(132 / 8) = 17 splits fill the GPU,
+    capped at one split per 256 keys. (Meta tensors: the shapes, no memory.)"""
     from flashlib import hardware
-    monkeypatch.setattr(hardware, "_CUDA_DEVICES", {0: hardware.CudaDevice(0, "sm_90", 132, 232448)})
-    gpu = torch.device("cuda", 0)
+    h100 = hardware.CudaDevice(0, "sm_90", 132, 232448)
+    monkeypatch.setattr(hardware, "device_facts", lambda device: h100)
 
     def shapes(nk, b=1):
-        return (types.SimpleNamespace(shape=(b, 32, 1, 128), device=gpu),
-                types.SimpleNamespace(shape=(b, 8, nk, 128), device=gpu))
+        return (torch.empty(b, 32, 1, 128, device="meta"), torch.empty(b, 8, nk, 128, device="meta"))
     assert api.default_num_splits(*shapes(16384)) == 17            # ceil(132 / 8)
     assert api.default_num_splits(*shapes(4096)) == 16             # 4096 keys: 16 splits of 256
     assert api.default_num_splits(*shapes(16384, b=17)) == 1       # 136 work items fill 132 SMs
+
+
+def test_default_num_splits_is_exported_and_answers_an_empty_batch():
+    assert flashlib.default_num_splits is api.default_num_splits
+    assert "default_num_splits" in flashlib.__all__
+    q, kc, _ = make_qkv(B=1, H=4, HKV=1, NQ=1, NK=4096, dtype=torch.float32)
+    assert flashlib.default_num_splits(q[:0], kc[:0]) == 1          # B = 0: nothing to split
+    assert flashlib.default_num_splits(q[:, :0], kc) == 1           # H = 0
+
+
+@pytest.mark.parametrize("q_change,k_change,exc,match", [
+    (lambda q: q.numpy(), None, TypeError, "q must be a torch.Tensor"),
+    (None, lambda k: [1, 2], TypeError, "k_cache must be a torch.Tensor"),
+    (lambda q: q[:, :3], lambda k: k[:, :2], ValueError,                  # silently 1 before
+     r"H=3 must be a multiple of kv heads Hkv=2 \(the heads of k_cache\)"),
+    (None, lambda k: k[:, :0], ValueError, "multiple of kv heads Hkv=0"),   # ZeroDivisionError
+    (None, lambda k: k[0], ValueError, r"k_cache must have shape \(B, H, N, d\)"),   # unpack error
+    (None, lambda k: k.half(), TypeError, "k_cache must have the dtype of q"),
+    (None, lambda k: k[:, :, :, :8], ValueError, "k_cache must have the head dim of q"),
+])
+def test_default_num_splits_checks_its_arguments_as_decode_does(q_change, k_change, exc, match):
+    q, kc, _ = make_qkv(B=1, H=4, HKV=2, NQ=1, NK=64, D=16, dtype=torch.float32)
+    q = q_change(q) if q_change else q
+    kc = k_change(kc) if k_change else kc
+    with pytest.raises(exc, match=match):
+        flashlib.default_num_splits(q, kc)
+
+
+# ------------------------------------------------------------------------------------- num_splits
+
+def test_decode_clamps_num_splits_to_nmax_before_any_backend():
+    """A split holds at least one key: num_splits > Nmax reaches the backend as Nmax (10**9 used to
+    reach it as is: numpy's MemoryError, torch's allocator, the CUDA grid limit)."""
+    from flashlib.backends import BACKENDS, Backend, registered
+    seen = []
+
+    def spy_decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
+        seen.append(num_splits)
+        return BACKENDS["reference"].decode(q, k_cache, v_cache, cache_seqlens,
+                                            num_splits=num_splits, scale=scale)
+    ref = BACKENDS["reference"]
+    q, kc, vc = make_qkv(B=2, H=2, HKV=1, NQ=1, NK=37, D=8, dtype=torch.float32, seed=4)
+    with registered(Backend("spy", ref.forward, ref.backward, spy_decode, ref.check)):
+        for n in (1, 36, 37, 38, 10**9):
+            flashlib.decode(q, kc, vc, num_splits=n, backend="spy")
+    assert seen == [1, 36, 37, 37, 37]
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton", "cuda"])
+def test_a_billion_splits_give_the_answer_of_the_splits_that_can_hold_keys(backend):
+    if backend == "cuda":
+        require_tool("g++")                                            # the CUDA emulator
+    device = DEVICE if backend == "triton" else "cpu"
+    q, kc, vc = make_qkv(B=2, H=2, HKV=1, NQ=1, NK=37, D=8, dtype=torch.float32, seed=4,
+                         device=device)
+    lens = torch.tensor([37, 5], device=device)
+    many = flashlib.decode(q, kc, vc, cache_seqlens=lens, num_splits=10**9, return_lse=True,
+                           backend=backend)
+    every = flashlib.decode(q, kc, vc, cache_seqlens=lens, num_splits=37, return_lse=True,
+                            backend=backend)
+    for a, b in zip(many, every):
+        assert torch.equal(a, b)
+    want = flashlib.attention(q[:1], kc[:1], vc[:1], backend="reference")
+    torch.testing.assert_close(many[0][:1], want, atol=1e-5, rtol=1e-5)
+
+
+def test_triton_decode_runs_only_the_splits_its_key_blocks_can_fill(monkeypatch):
+    """The Triton kernel's splits are whole key blocks (every decode config's block_n >= 16), so the
+    backend runs at most ceil(Nmax / 16) splits; the answer is that of more splits, which were empty
+    (to the last bit in the interpreter; a GPU's combine may sum the splits in another order)."""
+    from flashlib.backends import triton as backend
+    from flashlib.kernels.triton import configs
+    from flashlib.kernels.triton import decode as kernel
+    tables = (configs.CANDIDATES, configs.SM75, configs.SM90, configs.FP32, configs.SM75_FP32,
+              configs.SM90_FP32)
+    assert all(c.block_n >= backend.MIN_DECODE_BLOCK_N for t in tables for c in t["decode"])
+    assert configs.INTERPRETER["decode"].block_n >= backend.MIN_DECODE_BLOCK_N
+    seen, run = [], kernel.decode
+
+    def spy(*args, num_splits, **kwargs):
+        seen.append(num_splits)
+        return run(*args, num_splits=num_splits, **kwargs)
+    monkeypatch.setattr(kernel, "decode", spy)
+    q, kc, vc = make_qkv(B=2, H=2, HKV=1, NQ=1, NK=37, D=8, dtype=torch.float32, seed=4,
+                         device=DEVICE)
+    lens = torch.tensor([37, 20], device=DEVICE)
+    o, lse = backend.decode(q, kc, vc, lens, num_splits=37, scale=0.3)
+    assert seen == [3]                                                 # ceil(37 / 16)
+    o_all, lse_all = run(q, kc, vc, lens.to(torch.int32), num_splits=37, scale=0.3)   # 34 empty
+    tol = 0 if DEVICE == "cpu" else 1e-6
+    torch.testing.assert_close(o, o_all, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse, lse_all, atol=tol, rtol=tol)
+
+
+# --------------------------------------------------------------------------------- cache_seqlens
+
+BIG_LENGTHS = [2**32 + 3, -2**40, 2**31 + 5]            # int64 lengths that int32 would wrap
+CLAMPED = [37, 0, 37]                                   # what they mean: clamped into [0, Nmax]
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_backends_clamp_int64_lengths_before_narrowing_them(backend):
+    """The path that never reads lengths back (every GPU call; torch.compile on a CPU) reaches the
+    backend with unchecked lengths: 2**32 + 3 must mean Nmax, not 3 (int32 wraps it)."""
+    from flashlib.backends import BACKENDS
+    device = DEVICE if backend == "triton" else "cpu"
+    q, kc, vc = make_qkv(B=3, H=2, HKV=1, NQ=1, NK=37, D=8, dtype=torch.float32, seed=6,
+                         device=device)
+    big = torch.tensor(BIG_LENGTHS, dtype=torch.int64, device=device)
+    clamped = torch.tensor(CLAMPED, dtype=torch.int64, device=device)
+    run = BACKENDS[backend].decode
+    got, want = (run(q, kc, vc, lens, num_splits=2, scale=0.3) for lens in (big, clamped))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_cuda_kernels_clamp_int64_lengths_before_narrowing_them(monkeypatch):
+    """flashlib.kernels.cuda.decode on a GPU does not read the lengths (check_cache_seqlens returns
+    them unread): stood in for here by letting the check pass them, on the CPU emulator."""
+    require_tool("g++")
+    from flashlib.kernels import cuda
+    monkeypatch.setattr(cuda, "check_cache_seqlens", lambda lens, q, nmax: lens)
+    q, kc, vc = make_qkv(B=3, H=2, HKV=1, NQ=1, NK=37, D=8, dtype=torch.float32, seed=6)
+    big = torch.tensor(BIG_LENGTHS, dtype=torch.int64)
+    clamped = torch.tensor(CLAMPED, dtype=torch.int64)
+    got, want = (cuda.decode(q, kc, vc, cache_seqlens=lens, num_splits=2) for lens in (big, clamped))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 # --------------------------------------------------------------------------------------- bad input

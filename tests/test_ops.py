@@ -120,6 +120,32 @@ def test_reference_first_then_triton_on_cpu_in_one_process():
     assert "SAME True" in r.stdout
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only situation")
+def test_torch_compile_before_the_first_triton_call_on_cpu():
+    """torch.compile imports triton (torch._dynamo does) before flashlib's first Triton call:
+    flashlib's import hook (flashlib._TritonModeFirst) has that first import interpret on a machine without a
+    GPU, so the compiled call runs in Triton's interpreter (it raised dynamo's "Observed exception"
+    around "triton was imported in compile mode" before). The hook itself imports nothing."""
+    r = run_python("""
+        import importlib.util, os, sys
+        import flashlib
+        importlib.util.find_spec("triton")            # a probe without torch: decides nothing
+        print("NO_TORCH", "torch" not in sys.modules, "TRITON_INTERPRET" not in os.environ)
+        import torch
+        step = torch.compile(lambda q, k, v: flashlib.attention(q, k, v, causal=True,
+                                                                backend="triton"),
+                             fullgraph=True, backend="aot_eager")
+        print("TRITON_FIRST", "triton" in sys.modules, "flashlib.kernels.triton" not in sys.modules)
+        q, k, v = torch.randn(3, 1, 2, 5, 16).unbind(0)
+        want = flashlib.attention(q, k, v, causal=True, backend="reference")
+        print("SAME", bool(torch.allclose(step(q, k, v), want, atol=1e-5)))
+        """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "NO_TORCH True True" in r.stdout
+    assert "TRITON_FIRST True True" in r.stdout             # the order this test is about
+    assert "SAME True" in r.stdout
+
+
 class _Sub(torch.Tensor):
     """A tensor subclass that changes nothing: only its type differs from torch.Tensor."""
 

@@ -52,7 +52,8 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
 
 
 def check(q, op):
-    """Backend.check: float32/16-bit; g++ for CPU tensors (the emulator), CuPy for CUDA tensors.
+    """Backend.check: float32/16-bit; g++ for CPU tensors (the emulator), CuPy for CUDA tensors; meta
+    tensors need neither (shapes only: :mod:`flashlib._ops` runs no kernel on them).
     Explained in: notebooks/08_cuda."""
     import importlib.util
 
@@ -70,5 +71,5 @@ def check(q, op):
         if importlib.util.find_spec("cupy") is None:
             raise RuntimeError("backend='cuda' compiles the kernels with NVRTC through CuPy, which is "
                                "not installed (pip install cupy-cuda12x)")
-    else:
+    elif q.device.type != "meta":
         raise ValueError(f"backend='cuda' runs on CUDA or CPU tensors, got device {q.device}")

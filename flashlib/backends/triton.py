@@ -157,23 +157,35 @@ def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(No
                                     config_dkdv=cfg, config_dq=cfg)
 
 
+MIN_DECODE_BLOCK_N = 16      # the smallest key block of a decode config (tl.dot needs >= 16)
+
+
 @_on_q_device
 def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
     """Backend.decode: :func:`flashlib.kernels.triton.decode.decode` (split-KV, then combine);
-    ``cache_seqlens`` None reaches the kernel as None (no lengths tensor is made).
+    ``cache_seqlens`` None reaches the kernel as None (no lengths tensor is made). int64 lengths are
+    clamped into ``[0, Nmax]`` in 64 bits on their device (no read-back) before they become the
+    kernel's int32: 2**32 + 3 means Nmax, not 3. The kernel's splits are whole key blocks
+    (``MIN_DECODE_BLOCK_N`` keys or more), so at most ``ceil(Nmax / MIN_DECODE_BLOCK_N)`` of them can
+    hold a key: ``num_splits`` is clamped to that (the splits dropped were empty: the same answer).
     Explained in: notebooks/07_triton."""
     import torch
 
     from ..kernels.triton import decode as triton_decode
     q, k_cache, v_cache = _last_dim_contiguous(q, k_cache, v_cache)
+    nmax = k_cache.shape[2]
     if cache_seqlens is not None:
-        cache_seqlens = cache_seqlens.to(torch.int32).contiguous()
+        if cache_seqlens.dtype != torch.int32:     # int64: clamp, then narrow (int32: kernel clamps)
+            cache_seqlens = cache_seqlens.clamp(0, nmax).to(torch.int32)
+        cache_seqlens = cache_seqlens.contiguous()
+    num_splits = max(1, min(num_splits, -(-nmax // MIN_DECODE_BLOCK_N)))
     return triton_decode.decode(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits, scale=scale)
 
 
 def check(q, op):
     """Backend.check: triton importable and supported (>= 3.2: RuntimeError naming the version and the
-    fix otherwise), in the mode q's device needs; no float64; bf16 needs sm_80+.
+    fix otherwise), in the mode q's device needs (meta tensors: any mode, nothing runs); no float64;
+    bf16 needs sm_80+.
     Explained in: notebooks/07_triton."""
     # Plain imports, not _kernels(): check runs while torch.compile traces flashlib.attention, and dynamo
     # traces an import but breaks the graph at a functools.cache wrapper.
@@ -182,7 +194,8 @@ def check(q, op):
         from ..kernels import triton as ft
     except ImportError as exc:
         raise RuntimeError(f"backend='triton' cannot run here: {exc}") from None
-    ft.check_tensors(q)
+    if not q.is_meta:                              # meta: shapes only (flashlib._ops), no kernel
+        ft.check_tensors(q)
     if q.dtype == torch.float64:
         raise TypeError("backend='triton' supports float16, bfloat16 and float32, got torch.float64; "
                         "use backend='reference' for float64")

@@ -279,7 +279,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal
         cache_seqlens: ``(B,)`` int32/int64 in ``[0, Nmax]``, on q's device; sequence b attends to keys
             ``[0, cache_seqlens[b])`` only (0 keys: o = 0, lse = -inf).
         num_splits: contiguous key chunks per sequence (>= 1), split as
-            :func:`flashlib.ladder.decoding.split_bounds` does; each chunk is one block of the split kernel.
+            :func:`flashlib.ladder.decoding.split_bounds` does; each chunk is one block of the split
+            kernel. More than Nmax act as Nmax (the others would hold no key).
         scale: ``d ** -0.5`` by default. causal: bottom-right within each sequence's own length
             (query i sees key j iff ``j <= i + len_b - Nq``). sanitizer: as :func:`forward`.
         float32, float16 and bfloat16 (no tensor cores: one query row is a matrix-vector product).
@@ -301,12 +302,16 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal
     short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(dtype)
     if short is None:
         raise TypeError(f"CUDA decode supports float32, float16 and bfloat16; got {dtype}")
-    num_splits = check_num_splits(num_splits)
+    num_splits = min(check_num_splits(num_splits), nmax)   # a split holds >= 1 key (split_bounds)
     seq = check_cache_seqlens(_as_tensor(cache_seqlens, "cache_seqlens")[0], q, nmax)
     _check_sanitizer(sanitizer, q.device.type)
     scale = check_scale(scale, d)
     specs = launch.decode_launch(b, h, hkv, nq, nmax, d, scale, bool(causal), int(num_splits), short)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    # int64 lengths clamp into [0, Nmax] in 64 bits, on their device (no read-back on a GPU), before
+    # they narrow to the kernel's int32: 2**32 + 3 means Nmax, not 3 (int32 ones: the kernel clamps)
+    if seq.dtype != torch.int32:
+        seq = seq.clamp(0, nmax)
     seq = seq.to(device=q.device, dtype=torch.int32).contiguous()
     o = torch.empty_like(q)
     lse = torch.empty((b, h, nq), dtype=torch.float32, device=q.device)

@@ -32,8 +32,9 @@ Interpreter or compiler. Triton fixes its mode when ``triton`` is first imported
 without it every kernel is compiled for the GPU. Importing this package on a machine with no CUDA
 device sets ``TRITON_INTERPRET=1`` *before* the first ``import triton`` (unless the variable is already
 set, which we respect), so ``flashlib.attention(..., backend="triton")`` runs on CPU tensors with no
-set-up. If ``triton`` was already imported in compile mode, CPU tensors are refused by
-:func:`check_tensors` with a message saying what to do.
+set-up; ``import flashlib`` installs an import hook that applies the same rule to triton's first
+import by anyone else (``torch.compile`` imports it; :mod:`flashlib`). If ``triton`` was imported in
+compile mode before flashlib, CPU tensors are refused by :func:`check_tensors`, saying what to do.
 
 Explained in: notebooks/07_triton.
 """
@@ -139,8 +140,9 @@ def check_tensors(*tensors) -> None:
         raise RuntimeError(
             "backend='triton': triton was imported in compile mode in this process (before flashlib "
             "could set TRITON_INTERPRET=1), so its kernels need CUDA tensors; got "
-            f"{sorted(devices)}. Use CUDA tensors, use backend='reference', or start a new process with "
-            "TRITON_INTERPRET=1 set (or import flashlib.kernels.triton before triton) to interpret on the CPU.")
+            f"{sorted(devices)}. Use CUDA tensors, use backend='reference', or start a new process "
+            "that imports flashlib before anything imports triton (torch.compile and torch._dynamo "
+            "do), or sets TRITON_INTERPRET=1, to interpret on the CPU.")
 
 
 def flat_grid(*counts: int) -> tuple[int]:

@@ -12,6 +12,14 @@
 #   passes, the missing/unknown check, done on its first launch and remembered (its clear TypeError
 #   still comes, from the first launch that passes a wrong set). The per-device config candidates are
 #   cached on the spec too (configs._device_candidates).
+#   Threads: Triton's interpreter keeps the launch it is running in module-level state (the grid,
+#   the program ids), so two interpreted launches at once corrupt each other ("x >= grid_dim[0]",
+#   "Did you forget to add @triton.jit?", or a silently wrong answer). Every interpreted launch
+#   therefore holds one process-wide lock (_INTERPRETED_LAUNCH); compiled GPU launches take none.
+#   NumPy's RuntimeWarnings are silenced inside an interpreted launch: the interpreter computes with
+#   NumPy, which warns on NaN inputs ("All-NaN slice encountered"), and where warnings are errors
+#   (pytest's filterwarnings, python -W error) that turned a NaN answer into an InterpreterError. The
+#   kernels' own NaN rule decides what a NaN input gives (flashlib.testing.reference_gqa states it).
 # Idea: flashlib.kernels.cuda.launch.LaunchSpec, which does the same for the CUDA kernels.
 # Limits: arguments come in four groups, in this order: pointers, the (batch, head, row) strides of
 #   some of them (named stride_<x>b, stride_<x>h, stride_<x>n), scalars, constexprs.
@@ -22,13 +30,19 @@ from __future__ import annotations
 
 import inspect
 import operator
+import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
+
+from . import INTERPRET
 
 __all__ = ["KernelSpec", "staged_bytes"]
 
 POINTER_TYPES = ("in", "fp32", "i32")     # "in": the inputs' dtype (fp16, bf16 or fp32)
 SCALAR_TYPES = ("i32", "fp32")
+# Held by every interpreted launch (the interpreter is not thread-safe); None when Triton compiles.
+_INTERPRETED_LAUNCH = threading.Lock() if INTERPRET else None
 
 
 def _getter(names: tuple[str, ...]) -> Callable[[dict], tuple]:
@@ -164,4 +178,10 @@ class KernelSpec:
         return blocks
 
     def _run(self, grid, args, kwargs):
-        self.fn[grid](*args, **kwargs)
+        lock = _INTERPRETED_LAUNCH
+        if lock is None:                                  # compiled: launches are thread-safe
+            self.fn[grid](*args, **kwargs)
+            return
+        with lock, warnings.catch_warnings():            # interpreted: one launch at a time, and
+            warnings.simplefilter("ignore", RuntimeWarning)   # NumPy's NaN warnings are not ours
+            self.fn[grid](*args, **kwargs)
