@@ -6,6 +6,11 @@ Commands live in :data:`COMMANDS` (name -> (help, add_arguments, run)); adding o
 ``--version`` prints ``flashlib <version>``; unknown commands or options print the usage (exit code 2).
 Every option has a help string, and ``COMMAND --help`` shows each option's default.
 
+Every option is checked on every device before a command does any work: a bad value, an unknown name or
+options that contradict each other end in argparse's usage message naming the option, exit code 2,
+never a traceback (argparse ``type`` functions check one value; a command's ``run`` checks the
+combinations and calls ``args.usage_error(message)``, its parser's ``error``).
+
 Explained in: notebooks/07_triton.
 """
 from __future__ import annotations
@@ -15,12 +20,23 @@ import json
 import sys
 
 
+def _triton_release(text: str) -> str:
+    """``--triton``: a full Triton release like 3.6.0 (what compile_report's ``triton=`` takes)."""
+    from .tools import triton_versions
+    try:
+        triton_versions.folder(text)                 # checks the version (and only computes a path)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def _add_report_arguments(parser) -> None:
-    parser.add_argument("--arch", action="append", default=None, metavar="SM",
-                        help="architecture, e.g. sm_80 (repeatable; default: sm_75 sm_80 sm_86 sm_89 sm_90)")
+    from .tools.compile_report import ARCHS
+    parser.add_argument("--arch", action="append", default=None, metavar="SM", choices=ARCHS,
+                        help=f"architecture, one of {', '.join(ARCHS)} (repeatable; default: all of them)")
     parser.add_argument("--no-cache", action="store_true", help="compile afresh, ignoring the disk cache")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
-    parser.add_argument("--triton", default=None, metavar="VERSION",
+    parser.add_argument("--triton", default=None, metavar="VERSION", type=_triton_release,
                         help="compile the Triton rows with this Triton release, e.g. 3.6.0 (Colab's), "
                              "installed beside this one on first use (default: the installed triton)")
     parser.add_argument("--dtype", action="append", default=None, choices=("fp16", "bf16", "fp32"),
@@ -30,11 +46,10 @@ def _add_report_arguments(parser) -> None:
 def _run_report(args) -> int:
     from .tools.compile_report import ARCHS, REPORT_DTYPES, compile_report, format_report, summary
     try:
-        rows = compile_report(tuple(args.arch) if args.arch else ARCHS, cache=not args.no_cache,
-                              triton=args.triton, dtypes=tuple(args.dtype) if args.dtype else REPORT_DTYPES)
-    except (ValueError, TypeError) as e:
-        print(f"compile-report: {e}", file=sys.stderr)
-        return 2
+        rows = compile_report(tuple(dict.fromkeys(args.arch or ARCHS)), cache=not args.no_cache,
+                              triton=args.triton, dtypes=tuple(dict.fromkeys(args.dtype or REPORT_DTYPES)))
+    except (ValueError, TypeError) as e:             # the options are checked: a last line of defence
+        args.usage_error(str(e))
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -50,7 +65,11 @@ def _add_bench_arguments(parser) -> None:
 
 
 def _run_bench(args) -> int:
-    from .tools.bench import main
+    from .tools.bench import _check_arguments, main
+    try:
+        _check_arguments(args)                       # before bench decides whether there is a GPU
+    except ValueError as e:
+        args.usage_error(str(e))
     return main(args)
 
 
@@ -65,21 +84,63 @@ def _run_info(args) -> int:
     return 0
 
 
+def _backend_name(text: str) -> str:
+    """``--backend``: a registered backend's name (read when the option is parsed: tests register more)."""
+    from .backends import BACKENDS
+    if text not in BACKENDS:
+        raise argparse.ArgumentTypeError(f"must be a registered backend, one of {', '.join(sorted(BACKENDS))}, "
+                                         f"got {text!r}")
+    return text
+
+
 def _add_check_arguments(parser) -> None:
-    parser.add_argument("--backend", action="append", default=None, metavar="NAME",
+    parser.add_argument("--backend", action="append", default=None, metavar="NAME", type=_backend_name,
                         help="check only this backend (repeatable; default: every registered one)")
 
 
 def _run_check(args) -> int:
     from .tools.selfcheck import CHECK_HEAD, check, exit_code, format_check, format_row
     print(CHECK_HEAD, "-" * len(CHECK_HEAD), sep="\n", flush=True)
-    rows = check(args.backend, on_row=lambda r: print(format_row(r), flush=True))   # each row when done
+    backends = None if args.backend is None else list(dict.fromkeys(args.backend))   # each once
+    rows = check(backends, on_row=lambda r: print(format_row(r), flush=True))   # each row when done
     print(format_check(rows, head=False))
     return exit_code(rows)
 
 
+def _repository_url(text: str) -> str:
+    """``set-repo URL``: a GitHub repository address (flashlib.tools.publish.validate_url)."""
+    from .tools.publish import validate_url
+    try:
+        validate_url(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _owner_repo(text: str) -> str:
+    """``check-repo --expect``: OWNER/REPO, whose address validate_url accepts."""
+    from .tools.publish import validate_url
+    try:
+        validate_url(f"https://github.com/{text}")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a GitHub repository OWNER/REPO, like someone/flashbook, "
+                                         f"got {text!r}") from None
+    return text
+
+
+def _branch_name(text: str) -> str:
+    """``check-repo --branch``: a name git accepts for a branch (git check-ref-format's rules)."""
+    bad = (not text or text.startswith(("-", "/", ".")) or text.endswith(("/", ".", ".lock"))
+           or any(part in text for part in ("..", "//", "@{", "/.")) or text == "@"
+           or any(c.isspace() or ord(c) < 32 or c in "~^:?*[\\\x7f" for c in text))
+    if bad:
+        raise argparse.ArgumentTypeError(f"must be a git branch name, like main, got {text!r}")
+    return text
+
+
 def _add_set_repo_arguments(parser) -> None:
-    parser.add_argument("url", help="the repository's address, https://github.com/OWNER/REPO")
+    parser.add_argument("url", type=_repository_url,
+                        help="the repository's address, https://github.com/OWNER/REPO")
 
 
 def _run_set_repo(args) -> int:
@@ -96,16 +157,20 @@ def _run_set_repo(args) -> int:
 
 
 def _add_check_repo_arguments(parser) -> None:
-    parser.add_argument("--expect", metavar="OWNER/REPO", default=None,
+    parser.add_argument("--expect", metavar="OWNER/REPO", default=None, type=_owner_repo,
                         help="the repository publishing the book: refuse the placeholder and any other address "
                              "(default: only check that every use agrees with _config.yml)")
-    parser.add_argument("--branch", default=None,
+    parser.add_argument("--branch", default=None, type=_branch_name,
                         help="its default branch, which the Colab links must open (default: not checked)")
 
 
 def _run_check_repo(args) -> int:
     from .tools.publish import check, colab_links, repo_url
-    problems = check(expect=args.expect, branch=args.branch)
+    try:
+        problems = check(expect=args.expect, branch=args.branch)
+    except FileNotFoundError as e:                   # an installed flashlib: no book to check
+        print(f"check-repo: {e}", file=sys.stderr)
+        return 1
     if problems:
         print("The book cannot be published as it is:", *problems, sep="\n  ", file=sys.stderr)
         return 1
@@ -151,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (help_text, add_arguments, run) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)
         add_arguments(p)
-        p.set_defaults(run=run)
+        p.set_defaults(run=run, usage_error=p.error)
     return parser
 
 

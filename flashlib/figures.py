@@ -29,6 +29,7 @@ from matplotlib.animation import FuncAnimation
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyArrow, FancyArrowPatch, FancyBboxPatch, Polygon, Rectangle
 from matplotlib.ticker import FuncFormatter
+from .validation import check_int
 
 __all__ = ["MAX_FRAMES", "CHAPTER_MODULES", "svg", "to_svg", "roadmap", "write_roadmap", "hbm_traffic",
            "program_grid", "split_kv", "online_softmax_animation", "ring_animation"]
@@ -56,16 +57,6 @@ CHAPTER_MODULES: dict[int, tuple[str, ...]] = {
 
 
 # --- checks ---------------------------------------------------------------------------------------
-
-def _int_in(name: str, value, lo: int, hi: int | None = None) -> int:
-    """``value`` as an int in ``[lo, hi]``, else a TypeError / ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        span = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise ValueError(f"{name} must be {span}, got {value}")
-    return int(value)
-
 
 def _choice(name: str, value, options) -> str:
     if value not in options:
@@ -152,7 +143,8 @@ def _mb(ax, axis: str = "y") -> None:
 def _chapters(root: pathlib.Path) -> list[tuple[str, str, int, str]]:
     """``(part caption, notebook, number, title)`` of every chapter in ``_toc.yml``, in order.
 
-    The number and title come from the notebook's first heading (``# 3. FlashAttention-1``)."""
+    The number and title come from the notebook's first heading (``# 3. FlashAttention-1``); the
+    appendices (``notebooks/appendix_*``) are not rungs of the ladder."""
     import json
     toc = root / "_toc.yml"
     if not toc.is_file():
@@ -161,7 +153,7 @@ def _chapters(root: pathlib.Path) -> list[tuple[str, str, int, str]]:
     for line in toc.read_text().splitlines():
         if m := re.match(r"\s*-\s*caption:\s*(.+?)\s*$", line):
             caption = m.group(1)
-        elif m := re.match(r"\s*-\s*file:\s*(notebooks/\S+?)\s*$", line):
+        elif m := re.match(r"\s*-\s*file:\s*(notebooks/\d\d_\S+?)\s*$", line):   # not appendices
             nb = json.loads((root / (m.group(1) + ".ipynb")).read_text())
             text = "".join(next(c["source"] for c in nb["cells"] if c["cell_type"] == "markdown"))
             head = re.search(r"^#\s+(\d+)\.\s+(.+?)\s*$", text, re.M)
@@ -249,9 +241,9 @@ def hbm_traffic(n: int = 1024, d: int = 64, *, sram_bytes: int = 100 * 1024, byt
     Explained in: notebooks/03_flashattention1.
     Tested in: tests/test_figures.py.
     """
-    n, d = _int_in("n", n, 1, 8192), _int_in("d", d, 1, 512)
-    sram_bytes = _int_in("sram_bytes", sram_bytes, 1)
-    bytes_per_element = _int_in("bytes_per_element", bytes_per_element, 1, 8)
+    n, d = check_int(n, "n", 1, 8192), check_int(d, "d", 1, 512)
+    sram_bytes = check_int(sram_bytes, "sram_bytes", 1)
+    bytes_per_element = check_int(bytes_per_element, "bytes_per_element", 1, 8)
     causal = _flag("causal", causal)
     from .ladder import fa1
     br, bc = fa1.paper_block_sizes(sram_bytes, d, bytes_per_element)     # ValueError if M < 4d
@@ -333,8 +325,8 @@ def program_grid(B: int = 2, H: int = 2, nq: int = 1024, nk: int | None = None, 
     Tested in: tests/test_figures.py.
     """
     from .kernels.triton import configs, fa2_fwd
-    B, H, nq = _int_in("B", B, 1, 8), _int_in("H", H, 1, 8), _int_in("nq", nq, 1)
-    nk = nq if nk is None else _int_in("nk", nk, 1)
+    B, H, nq = check_int(B, "B", 1, 8), check_int(H, "H", 1, 8), check_int(nq, "nq", 1)
+    nk = nq if nk is None else check_int(nk, "nk", 1)
     causal = _flag("causal", causal)
     config = configs.CANDIDATES["fwd"][0] if config is None else config
     if not isinstance(config, configs.Config):
@@ -384,7 +376,7 @@ def split_kv(q, k, v, num_splits: int = 4) -> Figure:
         raise ValueError(f"q must be (1, d), k (Nk, d) and v (Nk, dv), got q {q.shape}, k {k.shape}, "
                          f"v {v.shape}")
     nk = k.shape[0]
-    num_splits = _int_in("num_splits", num_splits, 1, min(12, nk))
+    num_splits = check_int(num_splits, "num_splits", 1, min(12, nk))
     bounds = decoding.split_bounds(nk, num_splits)
     parts = [decoding.forward(q, k[a:b], v[a:b], num_splits=1) for a, b in bounds]   # kernel 1
     o_parts, lse_parts = np.stack([o for o, _ in parts]), np.stack([lse for _, lse in parts])
@@ -425,7 +417,7 @@ def _online_softmax_movie(x):
     """(figure, update, n_frames) of the online softmax of ``x``: one frame per element, then pass 2."""
     from .ladder import softmax
     x = _float_array("x", x, 1)
-    n = _int_in("len(x)", x.shape[0], 2, MAX_FRAMES - 1)
+    n = check_int(x.shape[0], "len(x)", 2, MAX_FRAMES - 1)
     states = [softmax.online_state(x[:j + 1]) for j in range(n)]          # (m_j, l_j) after element j
     y = softmax.online_softmax(x)
     fig = Figure(figsize=(9, 4.2), layout="constrained")
@@ -502,7 +494,7 @@ def _ring_plan(world: int, layout: str, causal: bool):
 def _ring_movie(world: int, layout: str, causal: bool):
     """(figure, update, n_frames): one frame per ring step."""
     from .parallel import ring
-    world = _int_in("world", world, 2, 8)
+    world = check_int(world, "world", 2, 8)
     layout = _choice("layout", layout, ring.LAYOUTS)
     causal = _flag("causal", causal)
     plan = _ring_plan(world, layout, causal)

@@ -7,10 +7,14 @@ Importing this module changes nothing. :func:`enable` replaces the function in
 
 A call is routed to :func:`flashlib.attention` only when flashlib computes exactly what SDPA computes:
 4-D ``(B, H, N, d)`` tensors on a CPU or CUDA device, fp16/bf16/fp32, one dtype, ``attn_mask=None``,
-``dropout_p == 0``, the same head dim for q, k and v (at most 256), equal head counts or
-``enable_gqa=True`` with ``H % Hkv == 0``, and on a GPU a backend that can run there (not where
-Triton is missing or older than flashlib supports: :func:`flashlib.backends.auto_choice`). Everything
-else goes to the original function, so an unsupported call gives SDPA's own result or SDPA's own error.
+``dropout_p`` a Python number equal to 0, ``is_causal`` and ``enable_gqa`` Python bools (SDPA refuses
+anything else, ``np.bool_`` and ``1`` included), ``scale`` None or a Python number (not a bool, which
+SDPA reads as 1.0 or 0.0) finite in float32, the same head dim for q, k and v (at most 256), equal
+head counts or ``enable_gqa=True`` with ``H % Hkv == 0``, and on a GPU a backend that can run there
+(not where Triton is missing or older than flashlib supports: :func:`flashlib.backends.auto_choice`).
+Everything else goes to the original function, unchanged, so an unsupported or malformed call gives
+SDPA's own result or SDPA's own error: routing never changes what SDPA accepts or refuses. The router
+has SDPA's signature (``scale`` and ``enable_gqa`` keyword-only).
 
 SDPA's ``is_causal`` is **top-left** aligned (query i sees key j iff ``j <= i``), unlike flashlib's
 bottom-right ``causal``. The router reproduces SDPA: with ``Nq < Nk`` the keys past ``Nq`` are never
@@ -30,6 +34,7 @@ Explained in: notebooks/09_models.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +47,7 @@ stats = {"routed": 0, "decode": 0, "fallback": 0}   # routed: flashlib computed 
 DECODE_MAX_QUERIES = 16         # decode_shaped: at most this many queries ...
 DECODE_MIN_KEYS_PER_QUERY = 4   # ... against at least this many keys per query
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)     # a larger scale overflows flashlib's fp32 math
 
 
 def route_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -54,10 +60,17 @@ def route_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     ts = (query, key, value)
     if not all(isinstance(t, torch.Tensor) for t in ts):
         return "query, key and value must all be tensors"
+    for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
+        if type(flag) is not bool:                    # SDPA's own rule: np.bool_, 1 or "yes" is refused
+            return f"{name} must be a bool (SDPA refuses anything else), got {type(flag).__name__}"
     if attn_mask is not None:
         return "attn_mask is not supported"
-    if dropout_p != 0.0:
-        return "dropout_p != 0 is not supported"
+    if not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:   # a tensor, True, 0.1, nan, "0"
+        return "dropout_p must be 0 (a Python number): dropout is not supported"
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or abs(scale) > _FLOAT32_MAX or not math.isfinite(scale)):
+        return ("scale must be None or a Python number finite in float32 (a bool, a tensor, nan or "
+                "inf is SDPA's to read)")
     if any(t.dim() != 4 for t in ts):
         return "only 4-D (B, H, N, d) tensors are routed"
     if len({t.dtype for t in ts}) != 1 or query.dtype not in _DTYPES:
@@ -74,8 +87,6 @@ def route_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     if query.dtype == torch.bfloat16 and query.is_cuda \
             and torch.cuda.get_device_capability(query.device) < (8, 0):
         return "bf16 needs sm_80 or newer"
-    if scale is not None and not isinstance(scale, (int, float)):
-        return "scale must be a number"
     if query.is_cuda:                # the backend flashlib.attention's "auto" would run must be a GPU's
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in ts)
         return _gpu_backend_reason(query, grad)
@@ -148,7 +159,7 @@ def decode_shaped(query, key, value, is_causal=False) -> bool:
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                                  scale=None, enable_gqa=False):
     """What :func:`enable` puts in the place of ``torch.nn.functional.scaled_dot_product_attention``:
     SDPA's signature and semantics (top-left ``is_causal``), computed by :func:`flashlib.attention`

@@ -9,10 +9,14 @@ Explained in: notebooks/10_beyond_one_gpu.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
 __all__ = ["run_local"]
+
+_MAX_TIMEOUT = 86_400 * 365          # seconds: a year (a timedelta past ~2.7e6 years overflows)
 
 
 def _free_port() -> int:
@@ -105,8 +109,10 @@ def run_local(fn, world, *args, timeout=60, **kwargs) -> list:
                          f"nested functions cannot be found by a spawned process")
     if isinstance(world, bool) or not isinstance(world, numbers.Integral) or world < 1:
         raise ValueError(f"world must be an int >= 1, got {world!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
-        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0
+            or not math.isfinite(timeout) or timeout > _MAX_TIMEOUT):
+        raise ValueError(f"timeout must be a finite number of seconds > 0 (at most {_MAX_TIMEOUT}: "
+                         f"a timedelta's range), got {timeout!r}")
     try:
         pickle.dumps((fn, args, kwargs))
     except Exception as e:                          # noqa: BLE001 - re-raised with the reason

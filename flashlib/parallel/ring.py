@@ -19,11 +19,13 @@ Explained in: notebooks/10_beyond_one_gpu.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.distributed as dist
 
 from .. import backends
-from ..validation import check_flag, check_scale, check_tensors
+from ..validation import check_flag, check_int, check_scale, check_tensors
 
 __all__ = ["ring_attention", "shard", "unshard", "chunk_ids", "merge_partials", "LAYOUTS"]
 
@@ -31,9 +33,20 @@ LAYOUTS = ("contiguous", "zigzag")
 
 
 def _check_layout(layout) -> str:
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     return layout
+
+
+def _check_rank(rank, world) -> tuple[int, int]:
+    world = check_int(world, "world", 1, why=" (the number of ranks)")
+    return check_int(rank, "rank", 0, world - 1, why=f" (a rank of a world of {world})"), world
+
+
+def _check_dim(x, dim) -> int:
+    """``dim`` as an index of one of ``x``'s dimensions (negative counts from the end)."""
+    check_int(dim, "dim", -x.dim(), x.dim() - 1, why=f" (a dim of a {x.dim()}-D tensor)")
+    return int(dim)
 
 
 def chunk_ids(rank: int, world: int, layout: str = "contiguous") -> list[int]:
@@ -44,6 +57,7 @@ def chunk_ids(rank: int, world: int, layout: str = "contiguous") -> list[int]:
     Tested in: tests/parallel/test_ring.py.
     """
     _check_layout(layout)
+    rank, world = _check_rank(rank, world)
     return [rank] if layout == "contiguous" else [rank, 2 * world - 1 - rank]
 
 
@@ -53,12 +67,18 @@ def shard(x: torch.Tensor, rank: int, world: int, *, layout: str = "contiguous",
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
-    n_chunks = world * len(chunk_ids(0, world, layout))
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    mine = chunk_ids(rank, world, layout)                 # checks rank, world and layout
+    n_chunks = world * len(mine)
+    if x.dim() == 0:
+        raise ValueError("x must have a sequence dim to shard, got a 0-D tensor")
+    dim = _check_dim(x, dim)
     if x.shape[dim] % n_chunks:
         raise ValueError(f"x's sequence length {x.shape[dim]} must be divisible by {n_chunks} "
                          f"({layout} layout over {world} ranks)")
-    chunks = x.chunk(n_chunks, dim=dim)
-    return torch.cat([chunks[c] for c in chunk_ids(rank, world, layout)], dim=dim)
+    chunks = x.split(x.shape[dim] // n_chunks, dim=dim) if x.shape[dim] else [x] * n_chunks
+    return torch.cat([chunks[c] for c in mine], dim=dim)
 
 
 def unshard(shards, *, layout: str = "contiguous", dim: int = -2) -> torch.Tensor:
@@ -67,8 +87,27 @@ def unshard(shards, *, layout: str = "contiguous", dim: int = -2) -> torch.Tenso
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
+    _check_layout(layout)
+    if not isinstance(shards, (list, tuple)):
+        raise TypeError(f"shards must be a non-empty list of tensors, one per rank, got "
+                        f"{type(shards).__name__}")
+    if not shards:
+        raise ValueError("shards must be a non-empty list of tensors, one per rank, got an empty "
+                         f"{type(shards).__name__}")
+    for rank, s in enumerate(shards):
+        if not isinstance(s, torch.Tensor):
+            raise TypeError(f"shards[{rank}] must be a torch.Tensor, got {type(s).__name__}")
+        if s.shape != shards[0].shape:
+            raise ValueError(f"every shard must have the shape of shards[0] {tuple(shards[0].shape)}, "
+                             f"got shards[{rank}] {tuple(s.shape)}")
+    if shards[0].dim() == 0:
+        raise ValueError("shards must have a sequence dim, got 0-D tensors")
+    dim = _check_dim(shards[0], dim)
     world = len(shards)
     per_rank = len(chunk_ids(0, world, layout))
+    if shards[0].shape[dim] % per_rank:
+        raise ValueError(f"with the {layout} layout each shard holds {per_rank} chunks: its length "
+                         f"{shards[0].shape[dim]} (dim {dim}) must be divisible by {per_rank}")
     placed = {}
     for rank, s in enumerate(shards):
         for c, piece in zip(chunk_ids(rank, world, layout), s.chunk(per_rank, dim=dim)):
@@ -86,6 +125,19 @@ def merge_partials(o_a, lse_a, o_b, lse_b):
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
+    for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if o_a.dim() < 2:
+        raise ValueError(f"o_a must have shape (..., N, d), at least 2 dims, got {tuple(o_a.shape)}")
+    if o_b.shape != o_a.shape:
+        raise ValueError(f"o_b must have the shape of o_a {tuple(o_a.shape)}, got {tuple(o_b.shape)}")
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if t.shape != o_a.shape[:-1]:
+            raise ValueError(f"{name} must have shape {tuple(o_a.shape[:-1])} (o's shape without d), "
+                             f"got {tuple(t.shape)}")
     lse = torch.logaddexp(lse_a, lse_b)
     safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
     w_a = torch.where(torch.isneginf(lse_a), torch.zeros_like(lse_a), torch.exp(lse_a - safe))
@@ -104,13 +156,23 @@ class _Ring:
     """The ring of one process group: who sends to whom, and the exchange itself."""
 
     def __init__(self, group):
+        if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+            raise TypeError(f"group must be a torch.distributed process group (dist.new_group(...)) or "
+                            f"None for the world, got {type(group).__name__} {group!r}")
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("ring_attention needs an initialized process group: call "
                                "torch.distributed.init_process_group(...) first")
         self.group = group if group is not None else dist.group.WORLD
-        self.ranks = dist.get_process_group_ranks(self.group)
+        try:
+            self.ranks = dist.get_process_group_ranks(self.group)
+        except (KeyError, ValueError, RuntimeError) as e:   # a group destroyed, or of another world
+            raise ValueError(f"group must be a live process group of this world, got {group!r} "
+                             f"({type(e).__name__}: {e})") from None
         self.world = len(self.ranks)
         self.rank = dist.get_rank(self.group)
+        if self.rank < 0:
+            raise ValueError(f"group must include this process (global rank {dist.get_rank()}), "
+                             f"got a group of ranks {self.ranks}")
 
     def rotate(self, tensors):
         """Send ``tensors`` to the next rank and receive the previous rank's; returns the received."""
@@ -233,7 +295,9 @@ def ring_attention(q, k, v, *, causal=False, group=None, layout="contiguous", sc
     Raises:
         RuntimeError: no initialized process group, or a peer died / timed out (after the group's
             timeout) — never a silent hang past it.
-        ValueError: shards of different shapes on different ranks, a bad layout, bad tensors.
+        ValueError: shards of different shapes on different ranks, a bad layout, bad tensors, a
+            group this process is not in.
+        TypeError: ``group`` not a process group (a name such as "world" is not one), bad tensors.
 
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
@@ -245,6 +309,8 @@ def ring_attention(q, k, v, *, causal=False, group=None, layout="contiguous", sc
     causal = check_flag(causal, "causal")
     scale = check_scale(scale, q.shape[-1])
     _check_layout(layout)
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
     ring = _Ring(group)
     if q.shape[2] % len(chunk_ids(0, ring.world, layout)):
         raise ValueError(f"with the {layout} layout each shard holds 2 chunks: the shard length "

@@ -6,7 +6,9 @@ odd head dims, causal rows that see no key, scores large enough to overflow ``ex
 float64 oracle expects. :meth:`Puzzle.check` returns a :class:`Result`, one line: correct on all cases,
 wrong on the first failing one (and where, by how much), or not attempted yet (the stub still raises
 ``NotImplementedError``). A reader's mistake never raises out of the checker: a wrong shape, a missing
-``return``, NaN or an exception of their own is reported in that line.
+``return``, NaN or an exception of their own is reported in that line, and so is a function that takes
+other arguments than the signature's (before any case runs, naming ``fn`` and both signatures). Only
+what cannot be the reader's function at all (not callable) is a TypeError naming ``fn``.
 
 Explained in: notebooks/01_naive_attention.
 """
@@ -14,6 +16,10 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
+import math
+import numbers
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -116,6 +122,8 @@ class Puzzle:
         elif not callable(fn):
             raise TypeError(f"fn must be a function {self.signature}, got {type(fn).__name__} {fn!r:.60}")
         cases = self.cases()
+        if self.accepts is None and (message := _arguments_problem(fn, self.signature)):
+            return Result(self.name, WRONG, len(cases), message)
         for case in cases:
             try:
                 with np.errstate(all="ignore"):          # the reader's overflow is reported, not warned
@@ -154,6 +162,28 @@ class Puzzle:
 
     def __repr__(self):
         return f"{self.title}. {self.spec}\nWrite {self.signature}."
+
+
+def _arguments_problem(fn, signature: str) -> str | None:
+    """Why ``fn`` cannot be called with the parameters ``signature`` names ("merge_states(m_a, l_a, m_b,
+    l_b) -> (m, l)"): a reader's def with one parameter too few or too many; None when it can, or
+    when Python cannot read its signature (some builtins: the cases will tell)."""
+    m = re.match(r"\s*\w+\((.*?)\)", signature)
+    if m is None:
+        return None
+    params = [p.strip() for p in m[1].split(",") if p.strip()]
+    try:
+        inspect.signature(fn).bind(*params)
+    except TypeError as e:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        try:
+            theirs = f"{name}{inspect.signature(fn)}"
+        except (TypeError, ValueError):
+            theirs = name
+        return f"fn must take the arguments of {signature.split(' ->')[0]}, got {theirs} ({e})"
+    except ValueError:                                   # no signature to read: the cases will tell
+        return None
+    return None
 
 
 def _plain_call(fn, case):
@@ -239,6 +269,11 @@ def mismatch(actual, expected, name="value", atol=1e-6, rtol=1e-6):
     Explained in: notebooks/01_naive_attention.
     Tested in: tests/puzzles/test_puzzles.py.
     """
+    for tol_name, tol in (("atol", atol), ("rtol", rtol)):
+        if isinstance(tol, bool) or not isinstance(tol, numbers.Real):
+            raise TypeError(f"{tol_name} must be a real number >= 0, got {type(tol).__name__} {tol!r}")
+        if not (math.isfinite(tol) and tol >= 0):
+            raise ValueError(f"{tol_name} must be a finite real number >= 0, got {tol!r}")
     a, message = as_numbers(actual, name)
     if message:
         return message

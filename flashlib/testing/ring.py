@@ -14,7 +14,9 @@ import torch.distributed as dist
 
 from .. import backends
 from ..api import attention
-from ..parallel.ring import ring_attention, shard
+from ..parallel.ring import _check_layout, _check_rank, ring_attention, shard
+from ..validation import check_int
+from ..validation import MAX_HEAD_DIM, check_flag
 from . import plain_torch_attention, reference_gqa
 
 __all__ = ["check_against_single_process", "check_cases"]
@@ -45,6 +47,22 @@ def check_against_single_process(rank, world, causal, layout, *, batch=2, heads=
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/testing/test_testing_ring.py.
     """
+    rank, world = _check_rank(rank, world)
+    causal = check_flag(causal, "causal")
+    _check_layout(layout)
+    for name, value in (("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("shard_len", shard_len)):
+        check_int(value, name, 1)
+    check_int(head_dim, "head_dim", 1, MAX_HEAD_DIM)
+    if heads % kv_heads:
+        raise ValueError(f"kv_heads must divide heads={heads} (GQA), got {kv_heads}")
+    if layout == "zigzag" and shard_len % 2:
+        raise ValueError(f"shard_len must be even with the zigzag layout (each shard holds 2 chunks), "
+                         f"got {shard_len}")
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float16, bfloat16, float32 or float64, got {dtype!r}")
+    check_int(seed, "seed", -2 ** 63, 2 ** 64 - 1, why=" (torch.Generator.manual_seed's range)")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
     world_now = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
     if world_now != world:
         raise RuntimeError(f"check_against_single_process needs an initialized process group of "
@@ -108,4 +126,13 @@ def check_cases(rank, world, cases) -> list:
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/testing/test_testing_ring.py.
     """
+    if isinstance(cases, (str, dict)) or not hasattr(cases, "__iter__"):
+        raise TypeError(f"cases must be a list of dicts of keyword arguments, got {type(cases).__name__}")
+    cases = list(cases)
+    for i, case in enumerate(cases):
+        if not isinstance(case, dict):
+            raise TypeError(f"cases[{i}] must be a dict of keyword arguments, got {type(case).__name__}")
+        missing = [key for key in ("causal", "layout") if key not in case]
+        if missing:
+            raise ValueError(f"cases[{i}] must name causal and layout, missing {missing}: {case!r}")
     return [check_against_single_process(rank, world, **case) for case in cases]

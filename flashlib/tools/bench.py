@@ -37,6 +37,7 @@ import datetime
 import importlib.util
 import json
 import math
+import numbers
 import os
 import pathlib
 import re
@@ -44,6 +45,9 @@ import subprocess
 import sys
 import warnings
 from typing import Callable
+from unittest import mock
+
+from ..validation import check_flag
 
 __all__ = ["SCHEMA", "SMALL_SHAPE", "SMALL_TIMES", "NOT_ASKED", "SDPA_BACKENDS", "FLASHLIB_IMPLS", "TRITON_KERNELS",
            "CUDA_NO_BACKWARD", "host_timer", "small_ratios",
@@ -106,6 +110,8 @@ def attention_flops(batch: int, heads: int, n_q: int, n_k: int, d: int, *, causa
     Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_bench.py.
     """
+    _check_sizes("attention_flops", batch=batch, heads=heads, n_q=n_q, n_k=n_k, d=d)
+    causal, backward = check_flag(causal, "causal"), check_flag(backward, "backward")
     flops = 4.0 * n_q * n_k * d * heads * batch
     if causal:
         flops /= 2
@@ -118,7 +124,17 @@ def decode_bytes(batch: int, kv_heads: int, n: int, d: int, elem_bytes: int) -> 
     Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_bench.py.
     """
+    _check_sizes("decode_bytes", batch=batch, kv_heads=kv_heads, n=n, d=d, elem_bytes=elem_bytes)
     return 2.0 * batch * kv_heads * n * d * elem_bytes
+
+
+def _check_sizes(source, **sizes) -> None:
+    """Each of ``sizes`` an int >= 0 (a Python or NumPy integer, not a bool), else an error naming it."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{source}: {name} must be an int >= 0, got {type(value).__name__} {value!r}")
+        if value < 0:
+            raise ValueError(f"{source}: {name} must be an int >= 0, got {value}")
 
 
 def _naive(q, k, v, causal):
@@ -194,7 +210,8 @@ def _measure(call: Callable, refusals: tuple = ()) -> tuple[float | None, str | 
 def triton_kernels(forward: str, backward: str):
     """Run the body with ``FLASHLIB_TRITON_FWD=forward`` and ``FLASHLIB_TRITON_BWD=backward`` (the Triton
     backend's kernels: flashlib.backends.triton.KNOBS), then restore both
-    variables as they were (unset if they were unset), also when the body raises.
+    variables as they were (unset if they were unset), also when the body raises
+    (``unittest.mock.patch.dict`` of ``os.environ``: it restores the whole environment as it was).
 
     Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_bench.py.
@@ -204,16 +221,8 @@ def triton_kernels(forward: str, backward: str):
     for variable, (version, versions) in wanted.items():
         if version not in versions:
             raise ValueError(f"triton_kernels: {variable} must be one of {versions}, got {version!r}")
-    before = {variable: os.environ.get(variable) for variable in wanted}
-    os.environ.update({variable: version for variable, (version, _) in wanted.items()})
-    try:
+    with mock.patch.dict(os.environ, {variable: version for variable, (version, _) in wanted.items()}):
         yield
-    finally:
-        for variable, value in before.items():
-            if value is None:
-                os.environ.pop(variable, None)
-            else:
-                os.environ[variable] = value
 
 
 def _backward(fn, q, k, v, do):
@@ -1001,12 +1010,14 @@ def generate_per_token(*, batch=4, prompt=2048, new=32, repeats=3, dtype="float1
 
 def main(args) -> int:
     """``python -m flashlib bench``: measure on the GPU (``--save FILE.json`` keeps the results), or
-    say there is none, save nothing, and show the compile report.
+    say there is none, save nothing, and show the compile report. The options are checked first, on
+    every device: a ValueError naming the option (the command line makes it argparse's usage error).
 
     Explained in: notebooks/07_triton.
     Tested in: tests/tools/test_bench.py.
     """
     import torch
+    _check_arguments(args)                  # on every device: a CPU run checks the options too
     if not torch.cuda.is_available():
         if args.save:
             print(f"--save {args.save}: no CUDA GPU on this machine, so nothing was measured and nothing "
@@ -1025,10 +1036,6 @@ def main(args) -> int:
               "supported here).", file=sys.stderr)
         return EXIT_NOT_SUPPORTED
     if args.generate:
-        if args.save:
-            print(f"--save {args.save}: --generate prints its measurement only (the result files hold the "
-                  "sweep); nothing was run", file=sys.stderr)
-            return 2
         if importlib.util.find_spec("transformers") is None:
             print("--generate times a Hugging Face model's generation: the Python package 'transformers' "
                   "is not installed (pip install transformers). Nothing was run (exit code "
@@ -1039,13 +1046,9 @@ def main(args) -> int:
               f"{g['sdpa_ms']:.3f}, flashlib.auto {g['auto_ms']:.3f} ({g['decode_calls']} calls to "
               f"flashlib.decode timed)\n{g['goal']}")
         return 0
-    folder = args.save is not None and pathlib.Path(args.save).is_dir()   # a folder: result_name() inside
+    folder = bool(args.save) and pathlib.Path(args.save).is_dir()     # a folder: result_name() inside
     if args.save:                     # refuse before a long run, not after it
         try:
-            if not folder and not str(args.save).endswith(".json"):
-                raise ValueError("expected FILE.json or an existing folder (chapter 7 draws *.json only)")
-            if not folder and not pathlib.Path(args.save).resolve().parent.is_dir():
-                raise ValueError("its folder does not exist")
             _check_environment(environment(), "this machine")
         except ValueError as e:
             print(f"--save {args.save}: {e}; nothing was run", file=sys.stderr)
@@ -1067,15 +1070,70 @@ def main(args) -> int:
     return 0
 
 
+def _int_option(low: int, high: int | None = None, what: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an int in ``[low, high]``, else argparse's usage error naming the option."""
+    import argparse
+    expected = f"an int >= {low}" if high is None else f"an int from {low} to {high}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {expected}{what}, got {text!r}")
+        return value
+    parse.__name__ = expected                  # argparse names the type in some messages
+    return parse
+
+
+# matplotlib's Agg canvas formats (FigureCanvasBase.get_supported_filetypes()), should it be missing here
+_PLOT_SUFFIXES = ("eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif",
+                  "tiff", "webp")
+
+
+def _check_arguments(args) -> None:
+    """The ``bench`` options that only make sense together, and the files it will write, checked before
+    anything runs (on every device: a CPU, which times nothing, checks them too). A ValueError naming
+    the option otherwise (``python -m flashlib bench`` turns it into argparse's usage error, exit 2)."""
+    heads = args.heads
+    kv_heads = heads if args.kv_heads is None else args.kv_heads
+    if heads % kv_heads:
+        raise ValueError(f"argument --kv-heads: must divide --heads={heads} (GQA: each kv head serves "
+                         f"H / Hkv query heads), got {kv_heads}")
+    if args.generate and args.save:
+        raise ValueError("argument --save: --generate prints its measurement only (the result files hold "
+                         "the sweep); drop --save or --generate")
+    if args.save:
+        save_to = pathlib.Path(args.save)
+        if not save_to.is_dir():
+            if not str(args.save).endswith(".json"):
+                raise ValueError(f"argument --save: expected FILE.json or an existing folder (chapter 7 draws "
+                                 f"*.json only), got {args.save!r}")
+            if not save_to.resolve().parent.is_dir():
+                raise ValueError(f"argument --save: its folder does not exist, got {args.save!r}")
+    if args.out:
+        out = pathlib.Path(args.out)
+        if out.is_dir() or not out.resolve().parent.is_dir():
+            raise ValueError(f"argument --out: expected a file in an existing folder (or '' for no plot), "
+                             f"got {args.out!r}")
+        suffix = out.suffix[1:].lower()
+        if suffix and suffix not in _PLOT_SUFFIXES:
+            raise ValueError(f"argument --out: the plot's format must be one of {', '.join(_PLOT_SUFFIXES)}, "
+                             f"got {args.out!r}")
+
+
 def add_arguments(parser) -> None:
     """The ``bench`` subcommand's options."""
-    parser.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_NS), metavar="N",
+    from ..validation import MAX_HEAD_DIM
+    parser.add_argument("--n", type=_int_option(1), nargs="+", default=list(DEFAULT_NS), metavar="N",
                         help="sequence lengths to time (decode: the KV cache's length)")
-    parser.add_argument("--batch", type=int, default=4, help="batch size B")
-    parser.add_argument("--heads", type=int, default=16, help="query heads H")
-    parser.add_argument("--kv-heads", type=int, default=None,
+    parser.add_argument("--batch", type=_int_option(1), default=4, help="batch size B")
+    parser.add_argument("--heads", type=_int_option(1), default=16, help="query heads H")
+    parser.add_argument("--kv-heads", type=_int_option(1), default=None,
                         help="key/value heads Hkv, fewer for GQA (must divide --heads; default: --heads)")
-    parser.add_argument("--head-dim", type=int, default=128, help="head dimension d")
+    parser.add_argument("--head-dim", type=_int_option(1, MAX_HEAD_DIM, " (flashlib's largest head dim)"),
+                        default=128, help="head dimension d")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float16", help="element type of q, k, v")
     parser.add_argument("--causal", action="store_true", help="time causal attention (bottom-right aligned)")
     parser.add_argument("--no-cuda", action="store_true",

@@ -134,6 +134,17 @@ def check(root=ROOT, *, expect: str | None = None, branch: str | None = None) ->
     Explained in: book/intro.
     Tested in: tests/tools/test_publish.py.
     """
+    if expect is not None:
+        if not isinstance(expect, str):
+            raise TypeError(f"expect must be a str OWNER/REPO or None, got {type(expect).__name__}")
+        try:
+            validate_url(f"https://github.com/{expect}")
+        except ValueError:
+            raise ValueError(f"expect must be a GitHub repository OWNER/REPO, like someone/flashbook, "
+                             f"got {expect!r}") from None
+    if branch is not None and (not isinstance(branch, str) or not branch.strip()):
+        raise (TypeError if not isinstance(branch, str) else ValueError)(
+            f"branch must be a branch name (a non-empty str) or None, got {type(branch).__name__} {branch!r}")
     root = pathlib.Path(root)
     url = repo_url(root)
     try:
@@ -182,7 +193,7 @@ def set_repo(url: str, root=ROOT) -> list[str]:
             changed.append(str(path.relative_to(root)))
 
     config = root / "_config.yml"
-    text = config.read_text()
+    text = _config(root)                      # FileNotFoundError saying why (an installed flashlib)
     if not _CONFIG_URL.search(text):
         raise ValueError(f"{config}: no 'repository:' section with a 'url:' line to rewrite")
     write(config, text, _CONFIG_URL.sub(lambda m: m[1] + url, text, count=1))

@@ -262,9 +262,15 @@ def check(backends=None, on_row=None) -> list[dict]:
 
     from ..backends import BACKENDS
     dev = _device()
+    if isinstance(backends, str) or not (backends is None or hasattr(backends, "__iter__")):
+        hint = f" (a list of names: [{backends!r}])" if isinstance(backends, str) else ""
+        raise TypeError(f"backends must be a list of backend names or None, got "
+                        f"{type(backends).__name__} {backends!r}{hint}")
+    if on_row is not None and not callable(on_row):
+        raise TypeError(f"on_row must be a function of one row or None, got {type(on_row).__name__}")
     names = sorted(BACKENDS) if backends is None else list(backends)
     for name in names:
-        if name not in BACKENDS:
+        if not isinstance(name, str) or name not in BACKENDS:
             raise ValueError(f"backends must name registered backends {sorted(BACKENDS)}, got {name!r}")
     rows = []
     for name in names:

@@ -7,6 +7,7 @@ on CUDA tensors), on a CPU machine the reference backend.
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -288,3 +289,122 @@ def test_compiled_model_sends_decode_shaped_calls_to_one_decode_op():
     called = [str(n.target) for n in explain.graphs[0].graph.nodes if str(n.target).startswith("flashlib.")]
     assert called == ["flashlib.decode.default"]
     torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+
+
+# ---- odd arguments: under auto, SDPA's own answer or SDPA's own exception, never flashlib's ----
+# Each case: (id, build(q, k, v) -> (args, kwargs), "routed" or "sdpa"). "routed": flashlib computes it
+# (values close to SDPA's, gradients too); "sdpa": the router hands the call to SDPA unchanged (the same
+# values bit for bit, or the same exception type and message). Before: scale=True failed under auto
+# (flashlib refuses a bool scale; SDPA reads it as 1.0), scale=nan raised flashlib's ValueError, and
+# is_causal="yes" or np.bool_(True) was accepted (SDPA refuses anything but a bool).
+def _other(q, **changes):
+    """A tensor like ``q`` with some of (B, H, N, d) or the dtype changed, from a fixed seed."""
+    shape = dict(zip("bhnd", q.shape), **{k: v for k, v in changes.items() if k in "bhnd"})
+    g = torch.Generator().manual_seed(7)
+    dtype = changes.get("dtype", q.dtype)
+    return torch.randn(*shape.values(), generator=g).to(DEVICE, dtype)
+
+
+ODD_CALLS = [
+    ("scale=True", lambda q, k, v: ((q, k, v), {"scale": True}), "sdpa"),
+    ("scale=False", lambda q, k, v: ((q, k, v), {"scale": False}), "sdpa"),
+    ("scale=np.float64", lambda q, k, v: ((q, k, v), {"scale": np.float64(0.3)}), "routed"),
+    ("scale=np.float32", lambda q, k, v: ((q, k, v), {"scale": np.float32(0.3)}), "sdpa"),
+    ("scale=tensor", lambda q, k, v: ((q, k, v), {"scale": torch.tensor(0.3)}), "sdpa"),
+    ("scale=nan", lambda q, k, v: ((q, k, v), {"scale": float("nan")}), "sdpa"),
+    ("scale=inf", lambda q, k, v: ((q, k, v), {"scale": float("inf")}), "sdpa"),
+    ("scale=1e300", lambda q, k, v: ((q, k, v), {"scale": 1e300}), "sdpa"),
+    ("scale=10**400", lambda q, k, v: ((q, k, v), {"scale": 10 ** 400}), "sdpa"),
+    ("scale='1'", lambda q, k, v: ((q, k, v), {"scale": "1"}), "sdpa"),
+    ("scale=0", lambda q, k, v: ((q, k, v), {"scale": 0}), "routed"),
+    ("scale=-0.5", lambda q, k, v: ((q, k, v), {"scale": -0.5}), "routed"),
+    ("scale=2 (int)", lambda q, k, v: ((q, k, v), {"scale": 2}), "routed"),
+    ("is_causal='yes'", lambda q, k, v: ((q, k, v), {"is_causal": "yes"}), "sdpa"),
+    ("is_causal=''", lambda q, k, v: ((q, k, v), {"is_causal": ""}), "sdpa"),
+    ("is_causal=np.bool_", lambda q, k, v: ((q, k, v), {"is_causal": np.bool_(True)}), "sdpa"),
+    ("is_causal=1", lambda q, k, v: ((q, k, v), {"is_causal": 1}), "sdpa"),
+    ("is_causal=None", lambda q, k, v: ((q, k, v), {"is_causal": None}), "sdpa"),
+    ("is_causal=tensor", lambda q, k, v: ((q, k, v), {"is_causal": torch.tensor(True)}), "sdpa"),
+    ("is_causal positional", lambda q, k, v: ((q, k, v, None, 0.0, True), {}), "routed"),
+    ("enable_gqa='yes'", lambda q, k, v: ((q, k, v), {"enable_gqa": "yes"}), "sdpa"),
+    ("enable_gqa=np.bool_", lambda q, k, v: ((q, k, v), {"enable_gqa": np.bool_(True)}), "sdpa"),
+    ("enable_gqa=1", lambda q, k, v: ((q, k, v), {"enable_gqa": 1}), "sdpa"),
+    ("enable_gqa=None", lambda q, k, v: ((q, k, v), {"enable_gqa": None}), "sdpa"),
+    ("gqa", lambda q, k, v: ((_other(q, h=4), k, v), {"enable_gqa": True}), "routed"),
+    ("gqa without enable_gqa", lambda q, k, v: ((_other(q, h=4), k, v), {}), "sdpa"),
+    ("gqa H % Hkv != 0", lambda q, k, v: ((_other(q, h=3), k, v), {"enable_gqa": True}), "sdpa"),
+    ("attn_mask bool", lambda q, k, v: ((q, k, v), {"attn_mask": torch.rand(5, 7, device=DEVICE) > 0.3}),
+     "sdpa"),
+    ("attn_mask float", lambda q, k, v: ((q, k, v), {"attn_mask": torch.randn(5, 7, device=DEVICE)}), "sdpa"),
+    ("attn_mask with is_causal", lambda q, k, v: (
+        (q, k, v), {"attn_mask": torch.ones(5, 7, dtype=torch.bool, device=DEVICE), "is_causal": True}), "sdpa"),
+    ("dropout_p=0.5", lambda q, k, v: ((q, k, v), {"dropout_p": 0.5}), "sdpa"),
+    ("dropout_p=True", lambda q, k, v: ((q, k, v), {"dropout_p": True}), "sdpa"),
+    ("dropout_p=False", lambda q, k, v: ((q, k, v), {"dropout_p": False}), "routed"),
+    ("dropout_p=np.float32(0)", lambda q, k, v: ((q, k, v), {"dropout_p": np.float32(0)}), "sdpa"),
+    ("dropout_p=tensor(0)", lambda q, k, v: ((q, k, v), {"dropout_p": torch.tensor(0.0)}), "sdpa"),
+    ("dropout_p=tensor([0, 0])", lambda q, k, v: ((q, k, v), {"dropout_p": torch.zeros(2)}), "sdpa"),
+    ("dropout_p=-0.5", lambda q, k, v: ((q, k, v), {"dropout_p": -0.5}), "sdpa"),
+    ("dropout_p=nan", lambda q, k, v: ((q, k, v), {"dropout_p": float("nan")}), "sdpa"),
+    ("dropout_p='0'", lambda q, k, v: ((q, k, v), {"dropout_p": "0"}), "sdpa"),
+    ("dropout_p=None", lambda q, k, v: ((q, k, v), {"dropout_p": None}), "sdpa"),
+    ("3-D", lambda q, k, v: ((q[0], k[0], v[0]), {}), "sdpa"),
+    ("5-D", lambda q, k, v: ((q[None], k[None], v[None]), {}), "sdpa"),
+    ("2-D", lambda q, k, v: ((q[0, 0], k[0, 0], v[0, 0]), {}), "sdpa"),
+    ("float64", lambda q, k, v: ((q.double(), k.double(), v.double()), {}), "sdpa"),
+    ("int64", lambda q, k, v: ((q.long(), k.long(), v.long()), {}), "sdpa"),
+    ("mixed dtypes", lambda q, k, v: ((q, k.half(), v), {}), "sdpa"),
+    ("v head dim differs", lambda q, k, v: ((q, k, _other(v, d=12)), {}), "sdpa"),
+    ("head dim 300", lambda q, k, v: ((_other(q, d=300), _other(k, d=300), _other(v, d=300)), {}), "sdpa"),
+    ("k, v lengths differ", lambda q, k, v: ((q, k, _other(v, n=6)), {}), "sdpa"),
+    ("batch differs", lambda q, k, v: ((q, _other(k, b=3), _other(v, b=3)), {}), "sdpa"),
+    ("Nq = 0", lambda q, k, v: ((q[:, :, :0], k, v), {}), "sdpa"),
+    ("B = 0", lambda q, k, v: ((q[:0], k[:0], v[:0]), {}), "sdpa"),
+    ("numpy query", lambda q, k, v: ((q.cpu().numpy(), k, v), {}), "sdpa"),
+    ("meta tensors", lambda q, k, v: ((q.to("meta"), k.to("meta"), v.to("meta")), {}), "sdpa"),
+    ("non-contiguous", lambda q, k, v: ((q.transpose(1, 2).contiguous().transpose(1, 2), k, v), {}), "routed"),
+    ("requires_grad, causal", lambda q, k, v: ((q.requires_grad_(), k.requires_grad_(), v), {"is_causal": True}),
+     "routed"),
+    ("scale positional", lambda q, k, v: ((q, k, v, None, 0.0, False, 0.5), {}), "signature"),
+    ("unknown keyword", lambda q, k, v: ((q, k, v), {"causal": True}), "signature"),
+    ("value missing", lambda q, k, v: ((q, k), {}), "signature"),
+]
+
+
+def _outcome(fn, args, kwargs):
+    """``fn(*args, **kwargs)`` from a fixed seed: ("value", tensor, grads) or ("error", type, message)."""
+    torch.manual_seed(0)
+    try:
+        out = fn(*args, **kwargs)
+    except Exception as e:                   # noqa: BLE001 - the exception is the answer compared
+        return "error", type(e), str(e)
+    inputs = [t for t in args[:3] if isinstance(t, torch.Tensor) and t.requires_grad]
+    grads = torch.autograd.grad(out.square().sum(), inputs) if inputs else ()
+    return "value", out, grads
+
+
+@pytest.mark.parametrize("build, expected", [c[1:] for c in ODD_CALLS], ids=[c[0] for c in ODD_CALLS])
+def test_odd_arguments_get_sdpa_s_own_answer_under_auto(build, expected):
+    q, k, v = _qkv(1, 2, 2, 5, 7, 8, grad=False)
+    want = _outcome(ORIGINAL, *build(q, k, v))
+    q, k, v = _qkv(1, 2, 2, 5, 7, 8, grad=False)         # fresh tensors: a build may set requires_grad
+    before = dict(auto.stats)
+    with auto.enabled():
+        got = _outcome(F.scaled_dot_product_attention, *build(q, k, v))
+    assert got[0] == want[0], (got, want)
+    if want[0] == "error":
+        assert got[1] is want[1], (got, want)
+        if expected != "signature":          # the router's Python signature words a TypeError its own way
+            assert got[2] == want[2]
+        return
+    routed = auto.stats["routed"] - before["routed"]
+    assert (routed, auto.stats["fallback"] - before["fallback"]) == ((1, 0) if expected == "routed" else (0, 1))
+    (_, out, grads), (_, want_out, want_grads) = got, want
+    assert (out.shape, out.dtype, out.device) == (want_out.shape, want_out.dtype, want_out.device)
+    if out.device.type == "meta":
+        return
+    exact = dict(atol=0, rtol=0, equal_nan=True) if expected == "sdpa" else dict(atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(out, want_out, **exact)
+    assert len(grads) == len(want_grads)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5)

@@ -90,8 +90,8 @@ def test_run_local_rejects_what_spawn_cannot_run():
     for world in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="world must be an int >= 1"):
             run_local(_whoami, world, 1.0)
-    for timeout in (0, -5, float("nan"), "60"):
-        with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+    for timeout in (0, -5, float("nan"), "60", float("inf"), 1e300, True):   # inf: timedelta overflowed
+        with pytest.raises(ValueError, match="timeout must be a finite number of seconds > 0"):
             run_local(_whoami, 2, 1.0, timeout=timeout)
     with pytest.raises(TypeError, match="must be picklable"):
         run_local(_whoami, 2, (x for x in range(3)))                     # a generator

@@ -173,3 +173,124 @@ def test_a_ring_of_one_rank():
         mp.spawn(_single_worker, args=(1, _free_port(), results), nprocs=1, join=True)
         err, finite = results[0]
         assert err < 1e-12 and finite
+
+
+# ---- careful-user inputs: a TypeError or ValueError naming the argument (before: a KeyError for
+# group="world", an IndexError for shard(x, 5, 4) or dim=7, a ZeroDivisionError for world=0, a
+# shard of rank -1 returned as if it were valid, torch's broadcast error from merge_partials) ----
+X = torch.arange(16.0).reshape(1, 1, 8, 2)
+BAD_HELPER_CALLS = [
+    ("shard rank past world", lambda: shard(X, 5, 4), ValueError, r"rank must be an int from 0 to 3 .*got 5"),
+    ("shard rank -1", lambda: shard(X, -1, 4), ValueError, r"rank must be an int from 0 to 3 .*got -1"),
+    ("shard world 0", lambda: shard(X, 0, 0), ValueError, r"world must be an int >= 1 .*got 0"),
+    ("shard world 2.5", lambda: shard(X, 0, 2.5), TypeError, r"world must be an int, got float 2.5"),
+    ("shard rank True", lambda: shard(X, True, 2), TypeError, r"rank must be an int, got bool"),
+    ("shard rank '0'", lambda: shard(X, "0", 2), TypeError, r"rank must be an int, got str"),
+    ("shard dim 7", lambda: shard(X, 0, 2, dim=7), ValueError, r"dim must be an int from -4 to 3 .*got 7"),
+    ("shard dim -5", lambda: shard(X, 0, 2, dim=-5), ValueError, r"dim must be .*got -5"),
+    ("shard dim 1.0", lambda: shard(X, 0, 2, dim=1.0), TypeError, r"dim must be an int, got float"),
+    ("shard a list", lambda: shard([1, 2], 0, 2), TypeError, r"x must be a torch.Tensor, got list"),
+    ("shard a 0-D tensor", lambda: shard(torch.tensor(1.0), 0, 1), ValueError, r"x must have a sequence dim"),
+    ("shard layout None", lambda: shard(X, 0, 2, layout=None), ValueError, r"layout must be one of"),
+    ("shard layout list", lambda: shard(X, 0, 2, layout=["zigzag"]), ValueError, r"layout must be one of"),
+    ("shard indivisible", lambda: shard(X, 0, 3), ValueError, r"divisible by 3"),
+    ("chunk_ids rank past world", lambda: chunk_ids(3, 2), ValueError, r"rank must be an int from 0 to 1"),
+    ("chunk_ids world -1", lambda: chunk_ids(0, -1), ValueError, r"world must be an int >= 1"),
+    ("unshard []", lambda: unshard([]), ValueError, r"shards must be a non-empty list of tensors.*got an empty list"),
+    ("unshard a tensor", lambda: unshard(X), TypeError, r"shards must be a non-empty list .*got Tensor"),
+    ("unshard a list of lists", lambda: unshard([[1.0], [2.0]]), TypeError, r"shards\[0\] must be a torch.Tensor"),
+    ("unshard shapes differ", lambda: unshard([X, X[..., :4, :]]), ValueError,
+     r"every shard must have the shape of shards\[0\] \(1, 1, 8, 2\), got shards\[1\] \(1, 1, 4, 2\)"),
+    ("unshard zigzag odd", lambda: unshard([X[..., :3, :]], layout="zigzag"), ValueError,
+     r"each shard holds 2 chunks: its length 3 .* divisible by 2"),
+    ("unshard dim 4", lambda: unshard([X, X], dim=4), ValueError, r"dim must be an int from -4 to 3"),
+    ("unshard layout", lambda: unshard([X, X], layout="ring"), ValueError, r"layout must be one of"),
+    ("merge o_b shape", lambda: merge_partials(X, X[..., 0], X[..., :4, :], X[..., :4, 0]), ValueError,
+     r"o_b must have the shape of o_a \(1, 1, 8, 2\), got \(1, 1, 4, 2\)"),
+    ("merge lse shape", lambda: merge_partials(X, X[..., :1], X, X[..., 0]), ValueError,
+     r"lse_a must have shape \(1, 1, 8\) .*got \(1, 1, 8, 1\)"),
+    ("merge broadcastable lse", lambda: merge_partials(X, X[..., 0], X, X[..., :1, 0]), ValueError,
+     r"lse_b must have shape \(1, 1, 8\)"),
+    ("merge numpy", lambda: merge_partials(X.numpy(), X[..., 0], X, X[..., 0]), TypeError,
+     r"o_a must be a torch.Tensor, got ndarray"),
+    ("merge int tensors", lambda: merge_partials(X.long(), X[..., 0], X, X[..., 0]), TypeError,
+     r"o_a must be a floating-point tensor, got torch.int64"),
+    ("merge 1-D", lambda: merge_partials(X[0, 0, 0], X[0, 0, 0, :0], X[0, 0, 0], X[0, 0, 0, :0]), ValueError,
+     r"o_a must have shape \(..., N, d\), at least 2 dims"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", [c[1:] for c in BAD_HELPER_CALLS],
+                         ids=[c[0] for c in BAD_HELPER_CALLS])
+def test_helpers_refuse_bad_arguments_naming_them(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_helpers_take_numpy_integers_and_empty_sequences():
+    import numpy as np
+    assert chunk_ids(np.int64(1), np.int32(4), "zigzag") == [1, 6]
+    assert torch.equal(shard(X, np.int64(1), 2, dim=np.int64(-2)), X[..., 4:, :])
+    assert torch.equal(shard(X, 1, 2, dim=-1), X[..., 1:])
+    empty = torch.zeros(1, 1, 0, 2)
+    assert shard(empty, 1, 2).shape == (1, 1, 0, 2)
+    assert unshard([empty, empty]).shape == (1, 1, 0, 2)
+
+
+@pytest.fixture
+def world_of_one():
+    """A gloo process group of one rank in this process (the world), destroyed after the test."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("group, error, message", [
+    ("world", TypeError, r"group must be a torch.distributed process group .*got str 'world'"),
+    (0, TypeError, r"group must be a torch.distributed process group .*got int 0"),
+    ([0], TypeError, r"group must be .*got list \[0\]"),
+])
+def test_ring_attention_refuses_a_group_that_is_no_process_group(group, error, message, world_of_one):
+    x = torch.randn(1, 1, 4, 8, dtype=torch.float64)
+    with pytest.raises(error, match=message):
+        ring_attention(x, x, x, group=group)
+
+
+def test_ring_attention_refuses_a_destroyed_group_and_takes_a_live_one(world_of_one):
+    x = torch.randn(1, 1, 4, 8, dtype=torch.float64)
+    group = dist.new_group([0])
+    want = flashlib.attention(x, x, x, backend="reference")
+    torch.testing.assert_close(ring_attention(x, x, x, group=group), want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(ring_attention(x, x, x, group=dist.group.WORLD), want, atol=1e-12, rtol=0)
+    dist.destroy_process_group(group)
+    with pytest.raises(ValueError, match=r"group must be a live process group of this world"):
+        ring_attention(x, x, x, group=group)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(causal="yes"), TypeError, r"causal must be a bool, got str 'yes'"),
+    (dict(causal=1), TypeError, r"causal must be a bool, got int 1"),
+    (dict(layout="striped"), ValueError, r"layout must be one of \('contiguous', 'zigzag'\), got 'striped'"),
+    (dict(layout=None), ValueError, r"layout must be one of"),
+    (dict(scale=float("nan")), ValueError, r"scale must be finite"),
+    (dict(scale="0.1"), TypeError, r"scale must be a real number or None, got str"),
+    (dict(backend=3), TypeError, r"backend must be a str, got int"),
+    (dict(backend="nope"), ValueError, r"backend must be one of .*got 'nope'"),
+])
+def test_ring_attention_refuses_bad_arguments_naming_them(kwargs, error, message, world_of_one):
+    x = torch.randn(1, 1, 4, 8, dtype=torch.float64)
+    with pytest.raises(error, match=message):
+        ring_attention(x, x, x, **kwargs)
+
+
+def test_ring_attention_refuses_bad_tensors_naming_them(world_of_one):
+    x = torch.randn(1, 1, 4, 8, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"q must be a torch.Tensor, got ndarray"):
+        ring_attention(x.numpy(), x, x)
+    with pytest.raises(ValueError, match=r"q and k shards must have the same length"):
+        ring_attention(x, x[..., :2, :], x[..., :2, :])
+    with pytest.raises(ValueError, match=r"shard length 3 must be even"):
+        ring_attention(x[..., :3, :], x[..., :3, :], x[..., :3, :], layout="zigzag")

@@ -356,3 +356,59 @@ def _assert_puzzle_cells(chapter, section, number, name):
     assert reveal.startswith("Solution (click to reveal)")
     assert "hide-cell" in hidden.get("metadata", {}).get("tags", []), f"{name}: the solution must be hidden"
     assert "flashlib.show(" in solution and f'puzzles.check("{name}", ' in solution
+
+
+# ---- careful-user arguments to the checker: a TypeError or ValueError naming the argument ----
+@pytest.mark.parametrize("fn, got", [
+    (lambda: 1, r"got <lambda>\(\)"),
+    (lambda m_a, l_a, m_b: 1, r"got <lambda>\(m_a, l_a, m_b\)"),
+    (lambda m_a, l_a, m_b, l_b, extra: 1, r"got <lambda>\(m_a, l_a, m_b, l_b, extra\)"),
+    (lambda *, m_a, l_a, m_b, l_b: 1, r"got <lambda>\(\*, m_a, l_a, m_b, l_b\)"),
+], ids=["no parameters", "one too few", "one too many", "keyword-only"])
+def test_a_function_with_other_parameters_is_wrong_naming_fn_and_both_signatures(fn, got):
+    """Before: reported as the reader's own TypeError on the first case ("raised TypeError: <lambda>()
+    takes 0 positional arguments but 4 were given on case ..."), as if its answer were wrong there. A
+    reader's mistake stays a one-line Result (the checker raises only for what is no function)."""
+    result = check("merge_states", fn)
+    assert result.status == "wrong" and not result
+    assert re.match(r"^✘ merge_states: fn must take the arguments of merge_states\(m_a, l_a, m_b, l_b\), "
+                    + got, str(result)), str(result)
+    assert " on case " not in str(result)
+
+
+def test_functions_that_take_the_arguments_in_other_ways_are_checked():
+    """Defaults, *args and a callable object all take the signature's arguments: checked, not refused."""
+    assert check("merge_states", lambda m_a, l_a, m_b, l_b, extra=0: solutions.merge_states(m_a, l_a, m_b, l_b))
+    assert check("merge_states", lambda *a: solutions.merge_states(*a))
+
+    class Merge:
+        def __call__(self, m_a, l_a, m_b, l_b):
+            return solutions.merge_states(m_a, l_a, m_b, l_b)
+    assert check("merge_states", Merge())
+    result = check("merge_states", dict)            # no signature Python can read: the cases tell
+    assert result.status == "wrong" and "raised TypeError" in str(result)
+
+
+@pytest.mark.parametrize("name, error, message", [
+    (None, TypeError, r"name must be a puzzle's name \(str\), got NoneType"),
+    (b"merge_states", TypeError, r"got bytes"),
+    (" merge_states", ValueError, r"name must be one of .*got ' merge_states'"),
+    ("Merge_States", ValueError, r"got 'Merge_States'"),
+    ("", ValueError, r"got ''"),
+])
+def test_check_refuses_a_name_that_is_no_puzzle(name, error, message):
+    with pytest.raises(error, match=message):
+        check(name, solutions.merge_states)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(atol=-1.0), ValueError, r"atol must be a finite real number >= 0, got -1.0"),
+    (dict(rtol=float("nan")), ValueError, r"rtol must be a finite real number >= 0, got nan"),
+    (dict(atol="1e-6"), TypeError, r"atol must be a real number >= 0, got str '1e-6'"),
+    (dict(rtol=True), TypeError, r"rtol must be a real number >= 0, got bool True"),
+])
+def test_mismatch_refuses_a_bad_tolerance(kwargs, error, message):
+    """Before: atol=-1 made every answer wrong ("max error 0"), rtol=nan every answer right, and a str
+    tolerance ended in numpy's UFuncTypeError."""
+    with pytest.raises(error, match=message):
+        mismatch(np.ones(2), np.ones(2), "o", **kwargs)

@@ -64,3 +64,38 @@ def test_in_a_ring_of_one_the_harness_counts_blocks_and_leaves_the_registry_as_i
     assert r["blocks"] == {"forward": 3, "backward": 3}        # zigzag chunks 0, 1: (0,0) (1,0) (1,1)
     assert max(r["max_error"].values()) < 1e-10 and max(r["oracle_error"].values()) < 1e-10
 
+
+
+@pytest.mark.parametrize("args, kwargs, error, message", [
+    ((2, 2, False, "contiguous"), {}, ValueError, r"rank must be an int from 0 to 1 .*got 2"),
+    ((0, 0, False, "contiguous"), {}, ValueError, r"world must be an int >= 1"),
+    ((0, 2, "no", "contiguous"), {}, TypeError, r"causal must be a bool, got str 'no'"),
+    ((0, 2, False, "ring"), {}, ValueError, r"layout must be one of"),
+    ((0, 2, False, "contiguous"), dict(batch=0), ValueError, r"batch must be an int >= 1, got 0"),
+    ((0, 2, False, "contiguous"), dict(heads=2.0), TypeError, r"heads must be an int, got float"),
+    ((0, 2, False, "contiguous"), dict(heads=3, kv_heads=2), ValueError, r"kv_heads must divide heads=3"),
+    ((0, 2, False, "contiguous"), dict(shard_len=-1), ValueError, r"shard_len must be an int >= 1"),
+    ((0, 2, False, "zigzag"), dict(shard_len=3), ValueError, r"shard_len must be even with the zigzag"),
+    ((0, 2, False, "contiguous"), dict(head_dim=300), ValueError, r"head_dim must be an int from 1 to 256"),
+    ((0, 2, False, "contiguous"), dict(dtype="float64"), TypeError, r"dtype must be torch.float16"),
+    ((0, 2, False, "contiguous"), dict(dtype=torch.int32), TypeError, r"dtype must be .*got torch.int32"),
+    ((0, 2, False, "contiguous"), dict(seed=1.5), TypeError, r"seed must be an int, got float"),
+    ((0, 2, False, "contiguous"), dict(backend=None), TypeError, r"backend must be a str, got NoneType"),
+])
+def test_the_harness_refuses_bad_arguments_before_it_needs_the_group(args, kwargs, error, message):
+    """Before: a negative shard_len or a float heads failed deep in torch.randn, and a rank past the world
+    in shard()'s IndexError; now each is refused by name, before the process group is looked at."""
+    with pytest.raises(error, match=message):
+        check_against_single_process(*args, **kwargs)
+
+
+@pytest.mark.parametrize("cases, error, message", [
+    (dict(causal=False, layout="contiguous"), TypeError, r"cases must be a list of dicts .*got dict"),
+    ("contiguous", TypeError, r"cases must be a list of dicts .*got str"),
+    (3, TypeError, r"cases must be a list of dicts .*got int"),
+    ([("causal", False)], TypeError, r"cases\[0\] must be a dict .*got tuple"),
+    ([dict(causal=False)], ValueError, r"cases\[0\] must name causal and layout, missing \['layout'\]"),
+])
+def test_check_cases_refuses_what_is_no_list_of_cases(cases, error, message):
+    with pytest.raises(error, match=message):
+        check_cases(0, 2, cases)

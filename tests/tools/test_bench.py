@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 
@@ -551,10 +552,14 @@ def test_save_into_a_folder_names_the_file(monkeypatch, tmp_path, capsys):
     want = tmp_path / bench.result_name(made_up)
     assert want.is_file() and f"results saved to {want}" in capsys.readouterr().out
     assert bench.load(want)["config"] == made_up["config"]
-    assert cli_main(["bench", "--n", "64", "--out", "", "--save", str(tmp_path / "nowhere" / "x.json")]) == 2
+    with pytest.raises(SystemExit) as exited:                        # argparse's usage error
+        cli_main(["bench", "--n", "64", "--out", "", "--save", str(tmp_path / "nowhere" / "x.json")])
+    assert exited.value.code == 2 and "argument --save: its folder does not exist" in capsys.readouterr().err
     for not_json in (tmp_path / "results.txt", f"{tmp_path / 'missing-folder'}/"):     # refused before running
-        assert cli_main(["bench", "--n", "64", "--out", "", "--save", str(not_json)]) == 2
-        assert "expected FILE.json or an existing folder" in capsys.readouterr().err
+        with pytest.raises(SystemExit) as exited:
+            cli_main(["bench", "--n", "64", "--out", "", "--save", str(not_json)])
+        assert exited.value.code == 2
+        assert "argument --save: expected FILE.json or an existing folder" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == [want.name]
 
 
@@ -700,8 +705,26 @@ def test_the_command_prints_the_generate_goal_or_says_what_is_missing(monkeypatc
     out = capsys.readouterr().out
     assert "plain SDPA 1.000, flashlib.auto 1.300 (64 calls to flashlib.decode timed)" in out
     assert "goal MISSED: flashlib.auto's time per generated token" in out
-    assert cli_main(["bench", "--generate", "--save", "x.json"]) == 2
+    with pytest.raises(SystemExit) as exited:                        # argparse's usage error
+        cli_main(["bench", "--generate", "--save", "x.json"])
+    assert exited.value.code == 2 and "argument --save: --generate prints" in capsys.readouterr().err
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers"
                         else real(name, *a))
     assert cli_main(["bench", "--generate"]) == bench.EXIT_NOT_SUPPORTED
     assert "'transformers' is not installed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: bench.attention_flops(1, 1, 8, 8, 4, causal="False"), TypeError, r"causal must be a bool, got str"),
+    (lambda: bench.attention_flops(1, 1, 8, 8, 4, backward=1), TypeError, r"backward must be a bool, got int 1"),
+    (lambda: bench.attention_flops(-1, 1, 8, 8, 4), ValueError, r"attention_flops: batch must be an int >= 0, got -1"),
+    (lambda: bench.attention_flops(1, 1, 8.5, 8, 4), TypeError, r"attention_flops: n_q must be an int >= 0, got float"),
+    (lambda: bench.decode_bytes(1, 1, 8, 4, "2"), TypeError, r"decode_bytes: elem_bytes must be an int >= 0, got str"),
+    (lambda: bench.decode_bytes(1, -2, 8, 4, 2), ValueError, r"decode_bytes: kv_heads must be an int >= 0, got -2"),
+])
+def test_the_throughput_counts_refuse_bad_arguments_naming_them(call, error, message):
+    """Before: causal="False" halved the count (any truthy value was taken as causal) and a negative
+    size gave a negative count."""
+    with pytest.raises(error, match=message):
+        call()
+    assert bench.attention_flops(np.int64(1), 1, 8, 8, 4, causal=np.bool_(True)) == 4 * 8 * 8 * 4 / 2

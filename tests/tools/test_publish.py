@@ -98,12 +98,28 @@ def test_malformed_addresses_are_refused(url, tmp_path):
     with pytest.raises(ValueError):
         set_repo(url, root)
     assert (root / "_config.yml").read_text() == before          # nothing half-written
-    assert main(["set-repo", url]) == 2
+    with pytest.raises(SystemExit) as exited:                    # argparse's usage error, exit code 2
+        main(["set-repo", url])
+    assert exited.value.code == 2
 
 
 def test_a_non_string_address_is_a_type_error():
     with pytest.raises(TypeError, match="url must be a str"):
         validate_url(None)
+
+
+@pytest.mark.parametrize("expect, branch, error, message", [
+    ("not a repo", None, ValueError, r"expect must be a GitHub repository OWNER/REPO.*got 'not a repo'"),
+    ("a/b/c", None, ValueError, r"expect must be .*got 'a/b/c'"),
+    ("", None, ValueError, r"expect must be .*got ''"),
+    (3, None, TypeError, r"expect must be a str OWNER/REPO or None, got int"),
+    (None, "", ValueError, r"branch must be a branch name .*got str ''"),
+    (None, 1, TypeError, r"branch must be a branch name .*got int 1")])
+def test_check_refuses_a_malformed_expected_repository_or_branch(expect, branch, error, message):
+    """Before: ``check(expect="not a repo")`` told the reader to run `make set-repo
+    URL=https://github.com/not a repo`, a command that cannot work."""
+    with pytest.raises(error, match=message):
+        check(expect=expect, branch=branch)
 
 
 def test_colab_links_are_well_formed_for_every_chapter_of_the_toc():

@@ -146,3 +146,18 @@ def test_cli_check_and_info_end_to_end():
     assert "passed, 0 failed, 0 errors" in out.stdout.strip().splitlines()[-1]
     assert "triton" in out.stdout
     assert run_cli("info").returncode == 0
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(backends="reference"), TypeError, r"backends must be a list of backend names or None, got str "
+                                            r"'reference' \(a list of names: \['reference'\]\)"),
+    (dict(backends=3), TypeError, r"backends must be a list of backend names or None, got int 3"),
+    (dict(backends=["nope"]), ValueError, r"backends must name registered backends .*got 'nope'"),
+    (dict(backends=[["reference"]]), ValueError, r"backends must name registered backends .*got \['reference'\]"),
+    (dict(on_row=3), TypeError, r"on_row must be a function of one row or None, got int"),
+])
+def test_check_refuses_bad_arguments_before_running_anything(kwargs, error, message):
+    """Before: backends="reference" was read letter by letter ("got 'r'"), a list inside the list
+    raised an unhashable-type TypeError, and on_row=3 failed only after the first backend had run."""
+    with pytest.raises(error, match=message):
+        selfcheck.check(**kwargs)
