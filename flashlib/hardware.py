@@ -140,10 +140,7 @@ _REHEARSAL: CudaDevice | None = None
 def _stand_in(name) -> CudaDevice:
     """The CudaDevice a rehearsal of GPU ``name`` answers with: its published arch, SMs and shared memory
     per block (opt-in); index -1, the mark of a device that is not on this machine."""
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a str naming a GPU of flashlib.hardware.GPUS, "
-                        f"got {type(name).__name__}")
-    gpu = get(name)
+    gpu = get(name)                                      # TypeError/ValueError naming ``name``
     return CudaDevice(-1, gpu.arch, gpu.sms, gpu.smem_per_block_kb * 1024)
 
 
@@ -181,14 +178,30 @@ def rehearsing() -> CudaDevice | None:
 def device_facts(device) -> CudaDevice | None:
     """What flashlib's choices for ``device`` (a torch.device or a string like "cuda:0") go by: the driver's
     :class:`CudaDevice` for a CUDA device; for any other device the rehearsed GPU's (:func:`rehearse`), or
-    None when nothing is rehearsed (a CPU: the interpreter's choices).
+    None when nothing is rehearsed (a CPU: the interpreter's choices). A ``device`` that names no torch
+    device ("gpu0", "cuda:x") is a ValueError, one of another type a TypeError, both naming ``device``.
 
     Explained in: notebooks/07_triton.
     Tested in: tests/test_rehearsal.py.
     """
-    import torch
-    d = device if isinstance(device, torch.device) else torch.device(device)
+    d = _as_device(device)
     return cuda_device(d) if d.type == "cuda" else _REHEARSAL
+
+
+def _as_device(device):
+    """``device`` as a torch.device (a torch.device, a str like "cuda:0", or an int CUDA index), else a
+    TypeError/ValueError naming ``device`` (torch's own error would name nothing)."""
+    import torch
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, bool) or not isinstance(device, (str, int)):
+        raise TypeError(f"device must be a torch.device or a str like 'cpu' or 'cuda:0', got "
+                        f"{type(device).__name__} {device!r}")
+    try:
+        return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device must name a torch device like 'cpu' or 'cuda:0' (or be a CUDA index >= 0), "
+                         f"got {device!r}") from None
 
 
 def kernel_dtypes(device) -> tuple[str, ...]:
@@ -208,11 +221,15 @@ def kernel_dtypes(device) -> tuple[str, ...]:
 
 
 def get(name: str) -> GPU:
-    """The GPU called ``name`` (one of :data:`GPUS`), or a ValueError listing the names.
+    """The GPU called ``name`` (one of :data:`GPUS`), or a ValueError listing the names (a TypeError for
+    a ``name`` that is not a str).
 
     Explained in: notebooks/03_flashattention1.
     Tested in: tests/test_hardware.py.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str naming a GPU of flashlib.hardware.GPUS, "
+                        f"got {type(name).__name__}")
     if name not in GPUS:
         raise ValueError(f"name must be one of {sorted(GPUS)}, got {name!r}")
     return GPUS[name]

@@ -44,3 +44,25 @@ def test_kernel_dtypes_leave_out_bfloat16_before_sm_80(arch, want, monkeypatch):
     assert hardware.kernel_dtypes("cuda:3") == want
     assert hardware.kernel_dtypes("cpu") == ("float16", "bfloat16", "float32")   # the interpreter takes all
     assert all(isinstance(getattr(torch, name), torch.dtype) for name in want)     # names of torch dtypes
+
+
+@pytest.mark.parametrize("device, error", [("gpu0", ValueError), ("cuda:x", ValueError), ("", ValueError),
+                                           (-1, ValueError), (3.5, TypeError), (None, TypeError),
+                                           (True, TypeError), (["cpu"], TypeError)])
+def test_a_bad_device_is_refused_naming_device(device, error):
+    """kernel_dtypes and device_facts refuse what names no device with the argument's name, not with torch's
+    "Invalid device string" from deep inside; an int is a CUDA index, as in cuda_device."""
+    for fn in (hardware.kernel_dtypes, hardware.device_facts):
+        with pytest.raises(error, match=r"^device must "):
+            fn(device)
+
+
+def test_device_facts_takes_a_cuda_index(monkeypatch):
+    monkeypatch.setitem(hardware._CUDA_DEVICES, 3, hardware.CudaDevice(3, "sm_75", 40, 65536))
+    assert hardware.device_facts(3).arch == "sm_75" and hardware.kernel_dtypes(3) == ("float16", "float32")
+
+
+@pytest.mark.parametrize("name", [["T4"], 4, None])
+def test_get_refuses_a_name_that_is_not_a_str(name):
+    with pytest.raises(TypeError, match="name must be a str naming a GPU"):
+        hardware.get(name)

@@ -176,7 +176,7 @@ for dtype in (torch.float16, torch.bfloat16):
 
 def test_run_notebook_names_the_cell_and_the_gpu_that_refused(tmp_path, capsys):
     _require_jupyter()
-    before = os.environ.get(hardware.REHEARSE_ENV)
+    before = dict(os.environ)
     path = _notebook(tmp_path,
                      "from flashlib import hardware\nassert hardware.rehearsing().arch == 'sm_75'",
                      "import flashlib.kernels.triton as ft\nassert ft.INTERPRET", CHAPTER_7_BF16_CELL,
@@ -184,12 +184,13 @@ def test_run_notebook_names_the_cell_and_the_gpu_that_refused(tmp_path, capsys):
     refused = r"rehearsed\.ipynb, rehearsing a T4 \(sm_75\) on a CPU: cell 2 raised ValueError: .*sm_80"
     with pytest.raises(rehearsal.RehearsalError, match=refused):
         rehearsal.run_notebook(path, "T4")
+    assert dict(os.environ) == before           # FLASHLIB_REHEARSE, TRITON_INTERPRET, PYTHONPATH restored
     assert rehearsal.main([str(path), "--gpu", "H100-SXM"]) == 1        # cell 0 fails there: not sm_75
     assert "cell 0 raised AssertionError" in capsys.readouterr().out
     ok = rehearsal.run_notebook(path, "T4", skip=("bfloat16",))
     assert ok.metadata["rehearsal"]["gpu"] == "T4" and ok.cells[2].source == ""
     assert "never reached" in ok.cells[3].outputs[0]["text"]
-    assert os.environ.get(hardware.REHEARSE_ENV) == before          # set for the kernels only
+    assert dict(os.environ) == before                               # set for the kernels only
 
 
 def test_run_notebook_checks_its_arguments(tmp_path):

@@ -20,6 +20,7 @@ import os
 import pathlib
 import re
 import time
+from unittest import mock
 
 __all__ = ["RehearsalError", "run_notebook", "main"]
 
@@ -73,23 +74,16 @@ def run_notebook(path, gpu: str = "T4", *, skip=(), timeout: int = 900):
     root = str(pathlib.Path(__file__).resolve().parents[2])
     env = {hardware.REHEARSE_ENV: gpu, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)                               # the kernel process inherits them at its start
     t0 = time.perf_counter()
-    try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    try:                     # the kernel process inherits env at its start; ours is restored on exit
+        with mock.patch.dict(os.environ, env):
+            NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                           resources={"metadata": {"path": str(path.parent)}}).execute()
     except CellExecutionError as exc:
         where = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"
                       and any(o.get("output_type") == "error" for o in c.get("outputs", []))), "?")
         raise RehearsalError(f"{path.name}, rehearsing a {gpu} ({hardware.get(gpu).arch}) on a CPU: "
                              f"cell {where} raised {_error_summary(exc)}") from None
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     nb.metadata["rehearsal"] = {"gpu": gpu, "seconds": round(time.perf_counter() - t0, 1)}
     return nb
 

@@ -100,6 +100,9 @@ REPORT_DTYPES = ("fp16", "fp32")                   # the default report: bf16 on
 ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 TORCH_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 MATRIX_HEAD_DIMS = (64, 128, 256)                  # the version matrix: every table's head-dim classes
+# The TMA kernels' inputs: fa2_fwd_tma.supported refuses any other dtype (fp32 runs versions 1 and 2), so the
+# version matrix compiles no fp32 TMA kernel (its row would stand for nothing flashlib launches).
+TMA_DTYPES = ("fp16", "bf16")
 
 
 def triton_specs() -> tuple:
@@ -119,11 +122,13 @@ def _is_tma(spec) -> bool:
     return spec.name.endswith("_tma")
 
 
-def _in_matrix(spec, arch: str, version: str) -> bool:
-    """The version matrix compiles the TMA kernels only where they run: sm_90+, triton >= 3.4."""
+def _in_matrix(spec, arch: str, version: str, dtype: str) -> bool:
+    """The version matrix compiles the TMA kernels only where they run: sm_90+, triton >= 3.4, and
+    16-bit inputs (:data:`TMA_DTYPES`)."""
     from ..kernels.triton import versions
     cc = int(arch.removeprefix("sm_").rstrip("a"))
-    return not _is_tma(spec) or (cc >= 90 and versions.has_tensor_descriptors(version))
+    return not _is_tma(spec) or (dtype in TMA_DTYPES and cc >= 90
+                                 and versions.has_tensor_descriptors(version))
 
 
 def _check_dtypes(dtypes) -> tuple[str, ...]:
@@ -149,11 +154,9 @@ def _version(triton) -> str:
 
 def _upcast(dtype: str, arch: str, version: str) -> bool:
     """The UPCAST the launcher passes on a GPU: fp32 tiles into tl.dot where fp16/bf16 ones do not
-    compile (sm_75 with triton 3.3: configs.upcast_tiles, else versions.dot_needs_fp32_tiles)."""
-    from ..kernels.triton import configs, versions
-    if hasattr(configs, "upcast_tiles"):
-        return bool(configs.upcast_tiles(TORCH_NAMES[dtype], arch, version))
-    return dtype != "fp32" and versions.dot_needs_fp32_tiles(arch, version)
+    compile (sm_75 with triton 3.3), as configs.upcast_tiles decides it for every launcher."""
+    from ..kernels.triton import configs
+    return bool(configs.upcast_tiles(TORCH_NAMES[dtype], arch, version))
 
 
 def dtype_refusal(dtype: str, arch: str, version: str) -> str | None:
@@ -163,12 +166,9 @@ def dtype_refusal(dtype: str, arch: str, version: str) -> str | None:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_matrix.py.
     """
-    import inspect
     from ..kernels.triton import configs
-    check = configs.check_dtype_arch
-    takes_version = "version" in inspect.signature(check).parameters
     try:
-        check(TORCH_NAMES[dtype], arch, **({"version": version} if takes_version else {}))
+        configs.check_dtype_arch(TORCH_NAMES[dtype], arch, version=version)
     except ValueError as exc:
         return str(exc)
     return None
@@ -192,7 +192,7 @@ def kernel_refusal(spec, arch: str, dtype: str, version: str, block_d: int) -> s
     Tested in: tests/kernels/triton/test_triton_matrix.py.
     """
     from ..kernels.triton import configs
-    if spec.config is None or not hasattr(configs, "refusal"):
+    if spec.config is None:
         return None
     return configs.refusal(spec.config, arch, block_d, TORCH_NAMES[dtype], version)
 
@@ -238,7 +238,8 @@ def _triton_jobs(arch: str, dtype: str = "fp16", version=None) -> list[tuple]:
 def matrix_jobs(version: str, arch: str, dtype: str, block_ds=MATRIX_HEAD_DIMS, *, full=None) -> list[dict]:
     """Every compile the version matrix makes for one (Triton, arch, dtype): each kernel with each config
     its table can choose on ``arch`` (configs.arch_candidates, per head-dim class in ``block_ds``), the
-    decode split at its row cap; the TMA kernels only on sm_90+ with tensor descriptors. ``[]`` where
+    decode split at its row cap; the TMA kernels only on sm_90+ with tensor descriptors and for fp16/bf16
+    (:data:`TMA_DTYPES`: fp32 never reaches them). ``[]`` where
     :func:`dtype_refusal` refuses the dtype; none for a (kernel, head dim) :func:`kernel_refusal`
     refuses. Tile tables are read with the launcher's :func:`tile_bytes`. A config chosen at several
     head dims is compiled at the largest
@@ -253,7 +254,7 @@ def matrix_jobs(version: str, arch: str, dtype: str, block_ds=MATRIX_HEAD_DIMS, 
     if dtype_refusal(dtype, arch, version) is not None:
         return []
     jobs, elem_bytes = {}, tile_bytes(dtype, arch, version)
-    for s in (s for s in triton_specs() if _in_matrix(s, arch, version)):
+    for s in (s for s in triton_specs() if _in_matrix(s, arch, version, dtype)):
         for block_d in sorted(block_ds, reverse=True):
             if kernel_refusal(s, arch, dtype, version, block_d) is not None:
                 continue                                 # matrix_rows records the refusal
@@ -644,7 +645,7 @@ def matrix_rows(tritons=None, archs=ARCHS, dtypes=DTYPES, *, cache: bool = True,
                     refused.append({"backend": "triton", "kernel": "*", "arch": arch, "dtype": dtype,
                                     "compiler": f"triton {v}", "ok": False, "refused": why})
                     continue
-                for s in (s for s in triton_specs() if _in_matrix(s, arch, v)):
+                for s in (s for s in triton_specs() if _in_matrix(s, arch, v, dtype)):
                     for block_d in MATRIX_HEAD_DIMS:
                         why = kernel_refusal(s, arch, dtype, v, block_d)
                         if why is not None:

@@ -227,6 +227,24 @@ def test_the_report_compiles_each_triton_kernel_as_its_spec_says(arch):
     assert labels["decode_combine"] == "S16-w4 d128 fp32->fp16"
 
 
+@pytest.mark.parametrize("version", [versions.PINNED, "3.6.0"])
+def test_the_matrix_compiles_tma_kernels_only_for_the_dtypes_they_run(version):
+    """No compiles: fa2_fwd_tma.supported refuses every dtype but fp16/bf16 (fp32 runs versions 1 and 2),
+    so the version matrix makes no fp32 TMA job on sm_90, and the 16-bit ones make them there only."""
+    require_module("triton")
+    tma = {"fa2_fwd_tma", "fa2_bwd_dkdv_tma"}
+    assert fi.TMA_DTYPES == ("fp16", "bf16")
+    for dtype in fi.DTYPES:
+        kernels = {j["kernel"] for j in fi.matrix_jobs(version, "sm_90", dtype)}
+        assert "fa2_fwd" in kernels and "fa2_bwd_dkdv" in kernels, (dtype, kernels)
+        assert (kernels >= tma) if dtype in fi.TMA_DTYPES else not kernels & tma, (dtype, kernels)
+        assert not {j["kernel"] for j in fi.matrix_jobs(version, "sm_80", dtype)} & tma
+    import torch
+    from flashlib.kernels.triton import fa2_fwd_tma
+    q = torch.zeros(1, 1, 16, 64)
+    assert "float16 or bfloat16" in fa2_fwd_tma.supported(q, q, q)       # what the dtype rule stands on
+
+
 def test_a_constexpr_the_report_has_no_value_for_is_named(monkeypatch):
     from flashlib.kernels.triton import tl, triton
 

@@ -55,6 +55,11 @@ def installed() -> tuple[int, int, int]:
     return parse(triton.__version__)
 
 
+def _version(version) -> tuple[int, int, int]:
+    """``version`` parsed (:func:`parse`), or the installed Triton's when None: what every fact asks."""
+    return parse(version) if version is not None else installed()
+
+
 def _cc(arch: str) -> int:
     if not isinstance(arch, str) or not re.fullmatch(r"sm_\d{2,3}a?", arch):
         raise ValueError(f"arch must look like 'sm_75' or 'sm_90a', got {arch!r}")
@@ -70,7 +75,7 @@ def check_supported(version=None) -> None:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
-    v = parse(version) if version is not None else installed()
+    v = _version(version)
     if v[:2] < MINIMUM:
         raise ImportError(
             f"flashlib's Triton kernels need triton >= {MINIMUM[0]}.{MINIMUM[1]} (tested: "
@@ -89,7 +94,7 @@ def mma_on_tensor_cores(arch: str, version=None) -> bool:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
-    cc, v = _cc(arch), parse(version) if version is not None else installed()
+    cc, v = _cc(arch), _version(version)
     return cc >= 80 or (cc >= 75 and v[:2] <= (3, 2))
 
 
@@ -101,7 +106,7 @@ def bf16_compiles(arch: str, version=None) -> bool:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
-    cc, v = _cc(arch), parse(version) if version is not None else installed()
+    cc, v = _cc(arch), _version(version)
     return cc >= 80 or (cc >= 75 and v[:2] >= (3, 4))
 
 
@@ -114,7 +119,7 @@ def dot_needs_fp32_tiles(arch: str, version=None) -> bool:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
-    cc, v = _cc(arch), parse(version) if version is not None else installed()
+    cc, v = _cc(arch), _version(version)
     return cc < 80 and v[:2] == (3, 3)
 
 
@@ -124,7 +129,7 @@ def has_tensor_descriptors(version=None) -> bool:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
-    v = parse(version) if version is not None else installed()
+    v = _version(version)
     return v[:2] >= (3, 4)
 
 
@@ -134,7 +139,7 @@ def dumps_ptxas_log(version=None) -> bool:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
-    v = parse(version) if version is not None else installed()
+    v = _version(version)
     return v[:2] >= (3, 5)
 
 
@@ -145,7 +150,7 @@ def astsource_takes_attrs_dict(version=None) -> bool:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
-    v = parse(version) if version is not None else installed()
+    v = _version(version)
     return v[:2] >= (3, 3)
 
 
@@ -155,7 +160,7 @@ def describe(version=None) -> str:
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
-    v = parse(version) if version is not None else installed()
+    v = _version(version)
     s = ".".join(map(str, v))
     tested = "tested" if s in TESTED else ("newer than the newest tested" if v[:2] > NEWEST_TESTED
                                            else "inside the tested range")

@@ -44,8 +44,9 @@ def _cell(rows, version, arch, dtype):
     return [r for r in rows if (r["compiler"], r["arch"], r["dtype"]) == (f"triton {version}", arch, dtype)]
 
 
-def _runs_there(s, version, arch) -> bool:
-    return not s.name.endswith("_tma") or (versions.has_tensor_descriptors(version) and arch == "sm_90")
+def _runs_there(s, version, arch, dtype) -> bool:
+    return not s.name.endswith("_tma") or (versions.has_tensor_descriptors(version) and arch == "sm_90"
+                                           and dtype in fi.TMA_DTYPES)
 
 
 def _table_choices(version, arch, dtype) -> tuple[set, set]:
@@ -55,7 +56,7 @@ def _table_choices(version, arch, dtype) -> tuple[set, set]:
     name = fi.TORCH_NAMES[dtype]
     elem_bytes = 4 if configs.upcast_tiles(name, arch, version) else fi.ELEM_BYTES[dtype]
     want, refused = set(), set()
-    for s in (s for s in fi.triton_specs() if _runs_there(s, version, arch)):
+    for s in (s for s in fi.triton_specs() if _runs_there(s, version, arch, dtype)):
         if s.config is None:
             want.add(s.name)
             continue
@@ -88,7 +89,8 @@ def test_every_candidate_compiles_and_fits_or_is_refused(matrix, version, arch, 
     assert {(r["kernel"], r["block_d"]) for r in cell if "refused" in r} == refused
     assert all(r["compiler"] == f"triton {version}" for r in cell)
     tma = {r["kernel"] for r in built if r["kernel"].endswith("_tma")}
-    assert bool(tma) == (arch == "sm_90" and versions.has_tensor_descriptors(version)), tma
+    assert bool(tma) == (arch == "sm_90" and versions.has_tensor_descriptors(version)
+                         and dtype in fi.TMA_DTYPES), tma
 
 
 @pytest.mark.parametrize("arch", fi.ARCHS)
