@@ -41,9 +41,15 @@ def test_mentions_parser():
 
 def test_chapters_are_numbered_one_to_ten_in_toc_order():
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    listed = [c["file"] for part in toc["parts"] for c in part["chapters"] if c["file"].startswith("notebooks/")]
+    files = [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    listed = [f for f in files if re.match(r"notebooks/\d\d_", f)]
     assert listed == [f"notebooks/{p.stem}" for p in CHAPTERS]
     assert [int(p.name[:2]) for p in CHAPTERS] == list(range(1, len(CHAPTERS) + 1))
+    # Every notebook is in the book: the numbered chapters, then the appendices (appendix_*), last.
+    notebooks = sorted(f"notebooks/{p.stem}" for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert sorted(f for f in files if f.startswith("notebooks/")) == notebooks
+    appendices = [i for i, f in enumerate(files) if f.startswith("notebooks/appendix_")]
+    assert all(i > files.index(listed[-1]) for i in appendices)
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
