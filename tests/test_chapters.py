@@ -84,3 +84,14 @@ def test_admonitions_are_closed():
             opened = len(re.findall(r"^:::\{", cell, re.M))
             closed = len(re.findall(r"^:::\s*$", cell, re.M))
             assert opened == closed, f"{path.name}: {opened} admonitions opened, {closed} closed in {cell[:60]!r}"
+
+
+def test_test_markers_are_cell_tags_not_lines_the_reader_sees():
+    """nbval's output checks are cell tags (nbval-check-output), never a `# NBVAL_...` comment shown on
+    the page; every chapter keeps some checked outputs."""
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        shown = [c for c in cells if "NBVAL" in "".join(c["source"])]
+        assert not shown, f"{path.name}: a cell shows an nbval marker: {''.join(shown[0]['source'])[:80]!r}"
+        checked = [c for c in cells if "nbval-check-output" in c.get("metadata", {}).get("tags", [])]
+        assert checked, f"{path.name}: no cell's output is checked (tag nbval-check-output)"

@@ -31,3 +31,45 @@ def test_crisp_figures_sets_the_inline_format_in_ipython_only(monkeypatch):
     assert Shell.calls == [("config", "InlineBackend.figure_formats = ['svg']")]
     with pytest.raises(ValueError, match="fmt must be 'retina', 'svg' or 'png', got 'jpeg'"):
         flashlib.display.crisp_figures("jpeg")
+
+
+def test_show_leaves_out_the_docstrings_pointers_and_nothing_else():
+    import inspect
+    from flashlib.display import _without_pointers
+    from flashlib.kernels.triton import fa2_fwd
+    for obj in (flashlib.ladder.fa2.forward, flashlib.api.decode, fa2_fwd.grid, flashlib.IOCounter):
+        source = inspect.getsource(obj)
+        assert "Explained in:" in source                       # the library keeps its pointers ...
+        shown = _without_pointers(source)
+        assert "Explained in:" not in shown and "Tested in:" not in shown   # ... the chapter does not
+        assert shown.count('"""') == source.count('"""')        # every docstring still closes
+        compile(shown, "<shown>", "exec")                      # and the code is unchanged Python
+    code = flashlib.show(flashlib.ladder.fa2.forward)
+    assert "Explained in" not in getattr(code, "data", code)
+    inline = 'def f():\n    """Summary.  Explained in: notebooks/07_triton."""\n    return "Tested in: x"\n'
+    assert _without_pointers(inline) == 'def f():\n    """Summary."""\n    return "Tested in: x"\n'
+    multi = ('class A:\n    def m(self):\n        """Summary.\n\n        Explained in: notebooks/01_x.\n'
+             '        Tested in: tests/t.py.\n        """\n        return 1\n')
+    assert _without_pointers(multi) == 'class A:\n    def m(self):\n        """Summary.\n        """\n        return 1\n'
+    assert _without_pointers("def broken(:\n    Explained in: x") == "def broken(:\n    Explained in: x"
+    with pytest.raises(TypeError, match="src must be a str, got int"):
+        _without_pointers(3)
+
+
+def test_pointers_on_the_closing_quotes_line_and_in_cuda_headers_are_left_out():
+    import inspect
+    from flashlib.display import _without_comment_pointers, _without_pointers
+    src = 'def f():\n    """Summary.\n    Explained in: notebooks/07_triton."""\n    return 1\n'
+    assert _without_pointers(src) == 'def f():\n    """Summary."""\n    return 1\n'
+    from flashlib.kernels.triton import kit
+    shown = _without_pointers(inspect.getsource(kit.attend.fn))
+    assert "Explained in" not in shown and '"""' in shown
+    header = ("// v1.cu: a kernel.\n// Run: forward(q, k, v); on a CPU\n//   in the emulator.\n"
+              "// Explained in: notebooks/08_cuda (the algorithm: notebooks/06_x).\n"
+              "//   more of the pointer.\n// Tested in: tests/kernels/cuda/test_x.py.\n#include <x.h>\n")
+    assert _without_comment_pointers(header) == ("// v1.cu: a kernel.\n// Run: forward(q, k, v); on a CPU\n"
+                                                 "//   in the emulator.\n#include <x.h>\n")
+    from flashlib.kernels import cuda
+    for version in ("v1", "v2", "v3", "decode"):
+        text = getattr(cuda.source(version), "data", cuda.source(version))
+        assert "Explained in" not in text and "Tested in" not in text and "__global__" in text

@@ -41,7 +41,8 @@ _MIN_SM_BF16 = {"v2": ((8, 0), "WMMA has no bf16 before Ampere"),
 
 
 def source(version: str):
-    """The CUDA source of ``version`` ("v1", "v2", "v3" or "decode"): an IPython Code object in a notebook.
+    """The CUDA source of ``version`` ("v1", "v2", "v3" or "decode"): an IPython Code object in a notebook
+    (its header's "Explained in" / "Tested in" lines left out, as :func:`flashlib.show` leaves them out).
 
     Explained in: notebooks/08_cuda.
 
@@ -49,7 +50,8 @@ def source(version: str):
     """
     if version not in SOURCES:
         raise ValueError(f"version must be one of {sorted(SOURCES)}, got {version!r}")
-    text = (build.CSRC / SOURCES[version]).read_text()
+    from ...display import _without_comment_pointers   # the header's pointers are for maintainers
+    text = _without_comment_pointers((build.CSRC / SOURCES[version]).read_text())
     try:
         from IPython.display import Code
     except ImportError:  # pragma: no cover
