@@ -157,11 +157,15 @@ class Puzzle:
                 return message
         return None
 
+    def _heading(self) -> str:
+        """The title as a sentence: a full stop added unless it ends in one already (or in ? or !)."""
+        return self.title if self.title.endswith((".", "?", "!")) else self.title + "."
+
     def _repr_markdown_(self):
-        return f"**{self.title}.** {self.spec}\n\nWrite `{self.signature}`."
+        return f"**{self._heading()}** {self.spec}\n\nWrite `{self.signature}`."
 
     def __repr__(self):
-        return f"{self.title}. {self.spec}\nWrite {self.signature}."
+        return f"{self._heading()} {self.spec}\nWrite {self.signature}."
 
 
 def _arguments_problem(fn, signature: str) -> str | None:

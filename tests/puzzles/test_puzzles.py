@@ -228,6 +228,9 @@ def test_a_puzzle_shows_its_spec_and_signature():
     assert p._repr_markdown_().startswith("**Combine the splits.** Given the splits' normalized outputs")
     assert "Write `combine_splits(o_parts, lse_parts) -> (o, lse)`." in p._repr_markdown_()
     assert repr(p).startswith("Combine the splits. ") and "$" not in p.spec   # Markdown output: no math
+    from flashlib.puzzles import ladder_puzzles
+    asks = [q for q in ladder_puzzles.PUZZLES if q.title.endswith("?")]
+    assert asks and all(q._repr_markdown_().startswith(f"**{q.title}** ") for q in asks)   # no "skip?."
 
 
 def test_the_readers_own_exception_is_reported_with_the_case():

@@ -208,7 +208,7 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
     ``dkdv_spec``: the dK/dV kernel, this file's or one with its arguments (the TMA dK/dV,
     :mod:`flashlib.kernels.triton.fa2_bwd_tma`).
 
-    Explained in: notebooks/01_naive_attention.
+    Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_fa2_bwd.py.
     """
     B, H, NQ, D = q.shape

@@ -107,7 +107,7 @@ def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, co
     ``spec``: this file's kernel (None) or one with its arguments plus the constexprs ``extra`` gives,
     each launch run as ``around(launch)`` (the TMA forward, :mod:`flashlib.kernels.triton.fa2_fwd_tma`).
 
-    Explained in: notebooks/01_naive_attention.
+    Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_fa2_fwd.py.
     """
     B, H, NQ, D = q.shape
