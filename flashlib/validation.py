@@ -135,6 +135,16 @@ def check_count(value, name: str) -> int:
     return int(value)
 
 
+def lengths_as_int32(cache_seqlens, nmax: int):
+    """Decode's lengths as the kernels' contiguous int32 tensor, on their device. int64 lengths are
+    clamped into ``[0, nmax]`` in 64 bits first (no read-back), so 2**32 + 3 means Nmax, never 3; int32
+    ones pass as they are (the kernels clamp them)."""
+    import torch
+    if cache_seqlens.dtype != torch.int32:
+        cache_seqlens = cache_seqlens.clamp(0, nmax).to(torch.int32)
+    return cache_seqlens.contiguous()
+
+
 def check_num_splits(num_splits) -> int:
     """Flash-Decoding's number of K/V splits: an int >= 1.
 

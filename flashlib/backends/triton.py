@@ -27,6 +27,8 @@ import functools
 import os
 import types
 
+from ..validation import lengths_as_int32
+
 DESCRIPTION = "flashlib.kernels.triton kernels (compiled on CUDA, Triton's interpreter on CPU)"
 FORWARD_VERSIONS = ("v1", "tma")      # FLASHLIB_TRITON_FWD's values; the first is the default
 BACKWARD_VERSIONS = ("v2", "tma")     # FLASHLIB_TRITON_BWD's values; the first is the default
@@ -175,9 +177,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
     q, k_cache, v_cache = _last_dim_contiguous(q, k_cache, v_cache)
     nmax = k_cache.shape[2]
     if cache_seqlens is not None:
-        if cache_seqlens.dtype != torch.int32:     # int64: clamp, then narrow (int32: kernel clamps)
-            cache_seqlens = cache_seqlens.clamp(0, nmax).to(torch.int32)
-        cache_seqlens = cache_seqlens.contiguous()
+        cache_seqlens = lengths_as_int32(cache_seqlens, nmax)
     num_splits = max(1, min(num_splits, -(-nmax // MIN_DECODE_BLOCK_N)))
     return triton_decode.decode(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits, scale=scale)
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import concurrent.futures
 import os
 
-from ...validation import check_cache_seqlens, check_num_splits, check_scale, check_tensors
+from ...validation import (check_cache_seqlens, check_num_splits, check_scale, check_tensors,
+                           lengths_as_int32)
 from ...tools import toolchain
 from . import build, launch
 from .launch import EmulatorError, LaunchSpec
@@ -310,11 +311,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal
     scale = check_scale(scale, d)
     specs = launch.decode_launch(b, h, hkv, nq, nmax, d, scale, bool(causal), int(num_splits), short)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    # int64 lengths clamp into [0, Nmax] in 64 bits, on their device (no read-back on a GPU), before
-    # they narrow to the kernel's int32: 2**32 + 3 means Nmax, not 3 (int32 ones: the kernel clamps)
-    if seq.dtype != torch.int32:
-        seq = seq.clamp(0, nmax)
-    seq = seq.to(device=q.device, dtype=torch.int32).contiguous()
+    seq = lengths_as_int32(seq, nmax).to(q.device)     # clamped in 64 bits before the narrowing
     o = torch.empty_like(q)
     lse = torch.empty((b, h, nq), dtype=torch.float32, device=q.device)
     o_parts = torch.empty((num_splits, b, h, nq, d), dtype=torch.float32, device=q.device)
