@@ -9,7 +9,12 @@ import inspect
 import re
 import textwrap
 
-__all__ = ["show", "crisp_figures"]
+__all__ = ["show", "table", "crisp_figures", "WIDTH"]
+
+# The book's code width: the widest line a chapter shows (code cells, outputs, library listings). At the
+# book's 13 px code font a line of 80 monospace characters fits the code column of a 1280 px window
+# (book/_static/flashbook.css); tests/test_chapters.py and the browser test hold every page to it.
+WIDTH = 80
 
 
 # A docstring's pointers for maintainers ("Explained in: ...", "Tested in: ..."), up to its closing
@@ -17,8 +22,13 @@ __all__ = ["show", "crisp_figures"]
 _POINTERS = re.compile(r'(?:\n[ \t]*)*[ \t]*(?:Explained|Tested) in:.*?(?=(?:\"\"\"|\'\'\')$)', re.S)
 
 
-def show(obj):
-    """The source of ``obj`` (a function, class or module), highlighted in a notebook, plain elsewhere.
+def show(obj, *more, fold=()):
+    """The source of ``obj`` (a function, class, method or module), highlighted in a notebook.
+
+    ``more`` objects follow it in the same listing: a kernel and the helpers it calls are read in one
+    place. An object also named in ``fold`` is shown folded (its first line, opened by a click), for
+    the parts of a long listing the prose does not discuss; the text form (``str()``, what a terminal
+    and nbval see) is always the whole source. Returns a :class:`Listing`.
 
     The docstrings' "Explained in" / "Tested in" pointers stay in the library (they are for its
     maintainers and tests/test_pointers.py) and are left out of what the chapter shows.
@@ -26,15 +36,129 @@ def show(obj):
     Explained in: notebooks/01_naive_attention.
     Tested in: tests/test_display.py.
     """
-    if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismodule(obj)
-            or inspect.ismethod(obj)):
-        raise TypeError(f"obj must be a function, class, method or module, got {type(obj).__name__}")
-    src = _without_pointers(inspect.getsource(obj))
-    try:
-        from IPython.display import Code
-    except ImportError:  # pragma: no cover - IPython ships with every notebook environment
-        return src
-    return Code(src, language="python")
+    objs = (obj,) + more
+    for i, o in enumerate(objs):
+        if not (inspect.isfunction(o) or inspect.isclass(o) or inspect.ismodule(o) or inspect.ismethod(o)):
+            name = "obj" if i == 0 else f"more[{i - 1}]"
+            raise TypeError(f"{name} must be a function, class, method or module, got {type(o).__name__}")
+    fold = (fold,) if not isinstance(fold, (tuple, list, set, frozenset)) else tuple(fold)
+    for f in fold:
+        if not any(f is o for o in objs):
+            raise ValueError(f"fold must name objects that are shown, got {getattr(f, '__name__', f)!r}")
+    return Listing([(_without_pointers(inspect.getsource(o)), any(o is f for f in fold)) for o in objs])
+
+
+class Listing:
+    """A code listing made of parts, some folded: highlighted HTML in a notebook (``_repr_html_``, a
+    folded part is an HTML ``<details>`` whose summary is its first line) and plain text elsewhere
+    (``str``, ``repr`` and ``.data``: every part in full, separated by a blank line).
+
+    Explained in: notebooks/07_triton (the forward kernel with its helpers in one listing).
+    Tested in: tests/test_display.py.
+    """
+
+    def __init__(self, parts, language: str = "python"):
+        parts = [(p, False) if isinstance(p, str) else tuple(p) for p in parts]
+        if not parts or not all(len(p) == 2 and isinstance(p[0], str) for p in parts):
+            raise TypeError("parts must be a non-empty list of str or (str, folded) pairs, "
+                            f"got {parts!r:.80}")
+        if not isinstance(language, str):
+            raise TypeError(f"language must be a str, got {type(language).__name__}")
+        self.parts = [(text.rstrip("\n") + "\n", bool(folded)) for text, folded in parts]
+        self.language = language
+
+    @property
+    def data(self) -> str:
+        return "\n".join(text for text, _ in self.parts)
+
+    def __str__(self) -> str:
+        return self.data
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import get_lexer_by_name
+        lexer = get_lexer_by_name(self.language)
+        html = []
+        for text, folded in self.parts:
+            block = highlight(text, lexer, HtmlFormatter(cssclass="highlight"))
+            if folded:
+                first = next((ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("@")),
+                             text.splitlines()[0]).strip()
+                n = len(text.splitlines())
+                summary = _html_escape(f"{first} … ({n} lines, click to open)")
+                block = f'<details class="flashbook-fold"><summary>{summary}</summary>{block}</details>'
+            html.append(block)
+        return "\n".join(html)
+
+
+def _html_escape(text: str) -> str:
+    import html
+    return html.escape(text, quote=False)
+
+
+class Table:
+    """A table: an HTML table in the book (``_repr_html_``), aligned text in a terminal (``str``).
+
+    Explained in: notebooks/appendix_verification (the compile report's table).
+    Tested in: tests/test_display.py.
+    """
+
+    def __init__(self, rows, header, caption=None):
+        if isinstance(header, str) or not all(isinstance(h, str) for h in header):
+            raise TypeError(f"header must be a sequence of str, got {header!r:.80}")
+        rows = [list(r) for r in rows]
+        bad = [i for i, r in enumerate(rows) if len(r) != len(header)]
+        if bad:
+            raise ValueError(f"rows must have {len(header)} cells each (one per header), "
+                             f"row {bad[0]} has {len(rows[bad[0]])}")
+        if caption is not None and not isinstance(caption, str):
+            raise TypeError(f"caption must be a str or None, got {type(caption).__name__}")
+        self.header, self.rows, self.caption = list(header), rows, caption
+
+    @staticmethod
+    def _cell(value) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return "" if value is None else str(value)
+
+    def __str__(self) -> str:
+        cells = [self.header] + [[self._cell(v) for v in r] for r in self.rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
+        numeric = [all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in self.rows)
+                   and bool(self.rows) for i in range(len(self.header))]
+        lines = ["  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)).rstrip()
+                 for r in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(([self.caption] if self.caption else []) + lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        esc = _html_escape
+        numeric = [bool(self.rows) and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool)
+                                           for r in self.rows) for i in range(len(self.header))]
+        def td(v, num, tag="td"):
+            style = ' style="text-align: right"' if num else ""
+            return f"<{tag}{style}>{esc(self._cell(v))}</{tag}>"
+        head = "".join(td(h, num, "th") for h, num in zip(self.header, numeric))
+        body = "".join("<tr>" + "".join(td(v, num) for v, num in zip(r, numeric)) + "</tr>" for r in self.rows)
+        cap = f"<caption>{esc(self.caption)}</caption>" if self.caption else ""
+        return (f'<table class="table flashbook-table">{cap}<thead><tr>{head}</tr></thead>'
+                f"<tbody>{body}</tbody></table>")
+
+
+def table(rows, header, *, caption=None) -> Table:
+    """``rows`` (a list of equal-length sequences) under ``header`` as a :class:`Table`: an HTML table in
+    the book, so a wide table never breaks into half-rows, and aligned text in a terminal. Floats
+    print with 4 significant digits; numeric columns align right.
+
+    Explained in: notebooks/appendix_verification.
+    Tested in: tests/test_display.py.
+    """
+    return Table(rows, header, caption)
 
 
 def _without_comment_pointers(text: str, comment: str = "//") -> str:

@@ -45,9 +45,13 @@ def test_chapters_are_numbered_one_to_ten_in_toc_order():
     listed = [f for f in files if re.match(r"notebooks/\d\d_", f)]
     assert listed == [f"notebooks/{p.stem}" for p in CHAPTERS]
     assert [int(p.name[:2]) for p in CHAPTERS] == list(range(1, len(CHAPTERS) + 1))
-    # Every notebook is in the book: the numbered chapters, then the appendices (appendix_*), last.
+    # A chapter's further pages (notebooks/07b_*.ipynb, ...) are its sections, found by a glob.
+    sections = [s["glob"] for part in toc["parts"] for c in part["chapters"] for s in c.get("sections", [])]
+    assert all(re.fullmatch(r"notebooks/(\d\d)\[b-z\]_\*", g) for g in sections), sections
+    pages = [f"notebooks/{p.stem}" for g in sections for p in sorted(ROOT.glob(g + ".ipynb"))]
+    # Every notebook is in the book: the numbered chapters and their pages, then the appendices, last.
     notebooks = sorted(f"notebooks/{p.stem}" for p in (ROOT / "notebooks").glob("*.ipynb"))
-    assert sorted(f for f in files if f.startswith("notebooks/")) == notebooks
+    assert sorted([f for f in files if f.startswith("notebooks/")] + pages) == notebooks
     appendices = [i for i, f in enumerate(files) if f.startswith("notebooks/appendix_")]
     assert all(i > files.index(listed[-1]) for i in appendices)
 
@@ -95,3 +99,47 @@ def test_test_markers_are_cell_tags_not_lines_the_reader_sees():
         assert not shown, f"{path.name}: a cell shows an nbval marker: {''.join(shown[0]['source'])[:80]!r}"
         checked = [c for c in cells if "nbval-check-output" in c.get("metadata", {}).get("tags", [])]
         assert checked, f"{path.name}: no cell's output is checked (tag nbval-check-output)"
+
+
+_HIDDEN = {"remove-input", "hide-input", "remove-cell", "hide-cell"}
+
+
+def _shown_lines(path):
+    """(where, line) for every line a page shows as code: visible code cells, their text outputs
+    (``show()`` listings included: their text form is the whole listing) and fenced code in markdown.
+    Markdown outputs (a puzzle's statement) render as prose, which wraps like any paragraph."""
+    nb = json.loads(path.read_text())
+    for i, cell in enumerate(nb["cells"]):
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            for fence, info, body in re.findall(r"^(```+)([^\n]*)\n(.*?)^\1", src, flags=re.M | re.S):
+                if not info.lstrip().startswith("{") or info.strip() in ("{code-block}", "{code}"):
+                    yield from ((f"cell {i} markdown code", line) for line in body.splitlines())
+            continue
+        if cell["cell_type"] != "code" or "remove-cell" in tags:
+            continue
+        if not tags & _HIDDEN:
+            yield from ((f"cell {i} source", line) for line in src.splitlines())
+        if "remove-output" in tags:
+            continue
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "text" in out:
+                text = "".join(out["text"])
+            elif "text/plain" in data and not ({"image/png", "image/svg+xml", "text/markdown"} & data.keys()) and \
+                    ("text/html" not in data or "<pre" in "".join(data["text/html"])):
+                text = "".join(data["text/plain"])           # a listing's HTML holds the same text
+            else:
+                continue
+            yield from ((f"cell {i} output", line) for line in text.splitlines())
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_every_shown_line_fits_the_books_code_width(path):
+    """The book's code column holds flashlib.display.WIDTH (80) characters at 1280 px and code never wraps
+    (book/_static/flashbook.css): every line a page shows, library listings included, fits. The browser
+    test checks the rendered pages the same way."""
+    from flashlib.display import WIDTH
+    wide = [(where, len(line), line) for where, line in _shown_lines(path) if len(line) > WIDTH]
+    assert not wide, f"{path.name}: {len(wide)} shown lines are wider than {WIDTH}, e.g. {wide[:3]}"

@@ -73,3 +73,40 @@ def test_pointers_on_the_closing_quotes_line_and_in_cuda_headers_are_left_out():
     for version in ("v1", "v2", "v3", "decode"):
         text = getattr(cuda.source(version), "data", cuda.source(version))
         assert "Explained in" not in text and "Tested in" not in text and "__global__" in text
+
+
+def test_show_puts_a_kernel_and_its_helpers_in_one_listing_and_folds_what_it_is_told():
+    from flashlib.display import show
+    from flashlib.ladder import fa2, naive
+    listing = show(fa2.forward, naive.attention, fold=[naive.attention])
+    text = str(listing)
+    assert text.index("def forward(") < text.index("def attention(")       # in the order given
+    assert listing.data == text == repr(listing)
+    html = listing._repr_html_()
+    assert html.count("<details") == 1                                    # only the folded part
+    folded = html[html.index("<details"):]
+    assert "def attention(" in folded[:folded.index("</summary>")]        # its first line is the summary
+    assert "lines, click to open" in folded
+    assert "<details" not in show(fa2.forward)._repr_html_()
+    with pytest.raises(TypeError, match=r"more\[0\] must be a function, class, method or module, got int"):
+        show(fa2.forward, 3)
+    with pytest.raises(ValueError, match="fold must name objects that are shown, got 'attention'"):
+        show(fa2.forward, fold=naive.attention)
+
+
+def test_table_is_html_in_the_book_and_aligned_text_in_a_terminal():
+    from flashlib.display import table
+    t = table([["sm_80", 128, 0.5], ["sm_90a", 7, 12.25]], ["arch", "regs", "ms"], caption="Compiled")
+    assert str(t).splitlines() == ["Compiled", "arch    regs     ms",
+                                   "------  ----  -----", "sm_80    128    0.5", "sm_90a     7  12.25"]
+    html = t._repr_html_()
+    assert html.startswith("<table") and "<caption>Compiled</caption>" in html
+    assert html.count("<tr>") == 3 and "<th>arch</th>" in html
+    assert '<td style="text-align: right">128</td>' in html and "<td>sm_90a</td>" in html
+    assert "&lt;b&gt;" in table([["<b>"]], ["x"])._repr_html_()           # cells are escaped
+    with pytest.raises(ValueError, match="rows must have 3 cells each .*row 1 has 2"):
+        table([[1, 2, 3], [1, 2]], ["a", "b", "c"])
+    with pytest.raises(TypeError, match="header must be a sequence of str"):
+        table([[1]], "a")
+    with pytest.raises(TypeError, match="caption must be a str or None, got int"):
+        table([[1]], ["a"], caption=3)

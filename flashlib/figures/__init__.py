@@ -29,14 +29,14 @@ from matplotlib.animation import FuncAnimation
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyArrow, FancyArrowPatch, FancyBboxPatch, Polygon, Rectangle
 from matplotlib.ticker import FuncFormatter
-from .validation import check_int
+from ..validation import check_int
 
 __all__ = ["MAX_FRAMES", "CHAPTER_MODULES", "svg", "to_svg", "roadmap", "write_roadmap", "hbm_traffic",
            "program_grid", "split_kv", "online_softmax_animation", "ring_animation"]
 
 MAX_FRAMES = 16                       # an animation's frames: enough to follow, small enough for a page
 ANIMATION_DPI = 80                    # its PNG frames: sharp enough, a few tens of KB each
-ROOT = pathlib.Path(__file__).resolve().parents[1]     # a checkout: _toc.yml and notebooks/ sit here
+ROOT = pathlib.Path(__file__).resolve().parents[2]     # a checkout: _toc.yml and notebooks/ sit here
 ROADMAP_SVG = pathlib.Path("book") / "_static" / "roadmap.svg"
 COLORS = matplotlib.colormaps["tab10"].colors
 
@@ -163,9 +163,31 @@ def _chapters(root: pathlib.Path) -> list[tuple[str, str, int, str]]:
     return chapters
 
 
+# The one idea each chapter adds to the one before, in a few words (the roadmap's second line).
+CHAPTER_IDEAS: dict[int, str] = {
+    1: "the N × N scores go to HBM",
+    2: "softmax in one pass",
+    3: "tiles in SRAM: less HBM traffic",
+    4: "queries outside, rescale once",
+    5: "recompute P from the LSE",
+    6: "split the keys, merge by LSE",
+    7: "the tiles as a GPU kernel",
+    8: "threads, warps, tensor cores",
+    9: "train and generate a small GPT",
+    10: "one sequence over many GPUs",
+}
+
+
+def _short_title(title: str) -> str:
+    """A chapter's heading up to its colon: "Triton kernels: FlashAttention-2 ..." -> "Triton kernels"."""
+    return title.split(":", 1)[0].strip()
+
+
 def roadmap(root=None) -> Figure:
-    """The book as a ladder: every chapter of ``_toc.yml`` (number and title from its first heading),
-    grouped by part, with the flashlib modules that back it (:data:`CHAPTER_MODULES`).
+    """The book as a ladder a reader can read at the page's width: every chapter of ``_toc.yml`` (its
+    number and its heading up to a colon) with the one idea it adds (:data:`CHAPTER_IDEAS`), grouped by
+    part, arrows from rung to rung. Only chapters (``notebooks/NN_*``) are rungs: sub-pages
+    (``notebooks/07b_*``) and appendices are not.
 
     ``root``: the checkout (default: the one this flashlib lives in).
     Explained in: book/intro.
@@ -173,32 +195,45 @@ def roadmap(root=None) -> Figure:
     """
     root = ROOT if root is None else pathlib.Path(root)
     chapters = _chapters(root)
-    n = len(chapters)
-    fig = Figure(figsize=(11.2, 0.42 * n + 0.9))
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, 11.2), ax.set_ylim(n + 0.9, -0.9), ax.axis("off")
-    ax.set_title(f"The ladder: {n} chapters, one idea each, each backed by a tested flashlib module",
-                 fontsize=11, y=1 - 0.55 / (n + 1.8))
     parts = list(dict.fromkeys(c[0] for c in chapters))
-    for row, (part, _, number, title) in enumerate(chapters):
-        color = COLORS[parts.index(part)]
-        ax.add_patch(FancyBboxPatch((2.0, row - 0.36), 5.3, 0.72, boxstyle="round,pad=0,rounding_size=0.12",
-                                    facecolor=color, alpha=0.18, edgecolor=color))
-        ax.text(2.15, row, f"{number}.", fontsize=10, fontweight="bold", va="center")
-        ax.text(2.55, row, title if len(title) <= 72 else title[:70] + "…", fontsize=9, va="center")
-        modules = ", ".join(f"flashlib.{m}" for m in CHAPTER_MODULES.get(number, ()))
-        ax.annotate("", xy=(7.65, row), xytext=(7.35, row), arrowprops=dict(arrowstyle="->", color="0.4"))
-        ax.text(7.7, row, modules or "(no module)", fontsize=8.5, family="monospace", va="center")
-    for i, part in enumerate(parts):                         # a bracket and the caption of each part
-        rows = [r for r, c in enumerate(chapters) if c[0] == part]
-        top, bottom = rows[0] - 0.36, rows[-1] + 0.36
-        ax.plot([1.85, 1.75, 1.75, 1.85], [top, top, bottom, bottom], color=COLORS[i], lw=1.5)
-        ax.text(1.65, (top + bottom) / 2, part, ha="right", va="center", fontsize=9.5, color=COLORS[i],
-                fontweight="bold")
-    ax.text(2.0, n + 0.35, "chapter (notebook), titled as its first heading", fontsize=8.5, color="0.35",
-            va="center")
-    ax.text(7.7, n + 0.35, "flashlib module (tested against the float64 oracle)", fontsize=8.5,
-            color="0.35", va="center")
+    # two columns: the algorithm ladder on the left, everything after it on the right
+    left = [c for c in chapters if c[0] == parts[0]]
+    right = [c for c in chapters if c[0] != parts[0]]
+    rows = max(len(left), len(right) + 0.4 * (len(parts) - 2) / 1.12)
+    box_w, box_h, step, gap = 3.75, 0.82, 1.12, 0.7
+    width = 2 * box_w + gap + 0.2
+    height = rows * step + 0.55
+    fig = Figure(figsize=(width, height))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, width), ax.set_ylim(height, 0), ax.axis("off")
+    centres = {}
+    for col, column in enumerate((left, right)):
+        x, y = 0.1 + col * (box_w + gap), 0.55 - step
+        for row, (part, _, number, title) in enumerate(column):
+            y += step + (0.4 if row and column[row - 1][0] != part else 0)   # room for a part's caption
+            color = COLORS[parts.index(part)]
+            if row == 0 or column[row - 1][0] != part:       # the part's caption above its first box
+                ax.text(x, y - 0.12, part, fontsize=12, color=color, fontweight="bold", va="bottom")
+            ax.add_patch(FancyBboxPatch((x, y), box_w, box_h, boxstyle="round,pad=0,rounding_size=0.1",
+                                        facecolor=color, alpha=0.15, edgecolor=color, lw=1.5))
+            ax.text(x + 0.15, y + 0.3, f"{number}", fontsize=16, fontweight="bold", color=color,
+                    va="center")
+            ax.text(x + 0.62, y + 0.27, _short_title(title), fontsize=13.5, fontweight="bold", va="center")
+            ax.text(x + 0.62, y + 0.6, CHAPTER_IDEAS.get(number, ""), fontsize=12, va="center",
+                    color="0.2")
+            centres[number] = (x, y)
+    numbers = [c[2] for c in chapters]
+    for a, b in zip(numbers, numbers[1:]):                   # the ladder: each rung to the next
+        (xa, ya), (xb, yb) = centres[a], centres[b]
+        if xa == xb:                                         # down the column
+            ax.add_patch(FancyArrowPatch((xa + box_w / 2, ya + box_h), (xb + box_w / 2, yb),
+                                         arrowstyle="-|>", mutation_scale=14, color="0.45", lw=1.4))
+        else:                                # across the gap: from the left column's last rung, up
+            mid = xa + box_w + gap / 2
+            ax.plot([xa + box_w, mid, mid], [ya + box_h / 2, ya + box_h / 2, yb + box_h / 2],
+                    color="0.45", lw=1.4)
+            ax.add_patch(FancyArrowPatch((mid, yb + box_h / 2), (xb, yb + box_h / 2),
+                                         arrowstyle="-|>", mutation_scale=14, color="0.45", lw=1.4))
     return fig
 
 
@@ -220,9 +255,9 @@ def write_roadmap(path=None, root=None) -> pathlib.Path:
 
 def _traffic(n: int, d: int, sram_bytes: int, bytes_per_element: int, causal: bool):
     """IOCounters of standard attention and FlashAttention-1 (paper block sizes for ``sram_bytes``)."""
-    from .ladder import fa1, naive
-    from .ladder.iomodel import IOCounter
-    from .testing import random_qkv
+    from ..ladder import fa1, naive
+    from ..ladder.iomodel import IOCounter
+    from ..testing import random_qkv
     q, k, v = random_qkv(n, n, d, dtype=np.float32)
     io_std = IOCounter(bytes_per_element)
     naive.attention(q, k, v, causal=causal, io=io_std)
@@ -245,7 +280,7 @@ def hbm_traffic(n: int = 1024, d: int = 64, *, sram_bytes: int = 100 * 1024, byt
     sram_bytes = check_int(sram_bytes, "sram_bytes", 1)
     bytes_per_element = check_int(bytes_per_element, "bytes_per_element", 1, 8)
     causal = _flag("causal", causal)
-    from .ladder import fa1
+    from ..ladder import fa1
     br, bc = fa1.paper_block_sizes(sram_bytes, d, bytes_per_element)     # ValueError if M < 4d
     counters = _traffic(n, d, sram_bytes, bytes_per_element, causal)
     colors = (COLORS[3], COLORS[0])
@@ -303,7 +338,7 @@ def hbm_traffic(n: int = 1024, d: int = 64, *, sram_bytes: int = 100 * 1024, byt
 def _key_blocks(q0: int, q1: int, nq: int, nk: int, block_n: int, causal: bool) -> tuple[int, int]:
     """(full, masked): key blocks a query block [q0, q1) loads whole, and those it loads with a mask
     (diagonal or ragged end); hidden blocks are never loaded. From the ladder's own mask rules."""
-    from .ladder.masks import block_hidden, causal_mask
+    from ..ladder.masks import block_hidden, causal_mask
     full = masked = 0
     for k0 in range(0, nk, block_n):
         k1 = min(k0 + block_n, nk)
@@ -324,7 +359,7 @@ def program_grid(B: int = 2, H: int = 2, nq: int = 1024, nk: int | None = None, 
     Explained in: notebooks/07_triton.
     Tested in: tests/test_figures.py.
     """
-    from .kernels.triton import configs, fa2_fwd
+    from ..kernels.triton import configs, fa2_fwd
     B, H, nq = check_int(B, "B", 1, 8), check_int(H, "H", 1, 8), check_int(nq, "nq", 1)
     nk = nq if nk is None else check_int(nk, "nk", 1)
     causal = _flag("causal", causal)
@@ -370,7 +405,7 @@ def split_kv(q, k, v, num_splits: int = 4) -> Figure:
     Explained in: notebooks/06_flash_decoding.
     Tested in: tests/test_figures.py.
     """
-    from .ladder import decoding
+    from ..ladder import decoding
     q, k, v = _float_array("q", q, 2), _float_array("k", k, 2), _float_array("v", v, 2)
     if q.shape[0] != 1 or k.shape[1] != q.shape[1] or v.shape[0] != k.shape[0]:
         raise ValueError(f"q must be (1, d), k (Nk, d) and v (Nk, dv), got q {q.shape}, k {k.shape}, "
@@ -415,7 +450,7 @@ def split_kv(q, k, v, num_splits: int = 4) -> Figure:
 
 def _online_softmax_movie(x):
     """(figure, update, n_frames) of the online softmax of ``x``: one frame per element, then pass 2."""
-    from .ladder import softmax
+    from ..ladder import softmax
     x = _float_array("x", x, 1)
     n = check_int(x.shape[0], "len(x)", 2, MAX_FRAMES - 1)
     states = [softmax.online_state(x[:j + 1]) for j in range(n)]          # (m_j, l_j) after element j
@@ -484,7 +519,7 @@ def online_softmax_animation(x, *, fps: float = 1.5) -> str:
 
 def _ring_plan(world: int, layout: str, causal: bool):
     """(rank, step, query chunk a, key chunk b, mode) in the order ``_RingAttention.forward`` meets them."""
-    from .parallel import ring
+    from ..parallel import ring
     return [(r, s, a, b, ring._mode(a, b, causal))
             for r in range(world) for s in range(world)
             for b in ring.chunk_ids((r - s) % world, world, layout)
@@ -493,7 +528,7 @@ def _ring_plan(world: int, layout: str, causal: bool):
 
 def _ring_movie(world: int, layout: str, causal: bool):
     """(figure, update, n_frames): one frame per ring step."""
-    from .parallel import ring
+    from ..parallel import ring
     world = check_int(world, "world", 2, 8)
     layout = _choice("layout", layout, ring.LAYOUTS)
     causal = _flag("causal", causal)
@@ -567,5 +602,5 @@ def ring_animation(world: int = 4, layout: str = "zigzag", *, causal: bool = Tru
     return _animate(fig, update, frames, fps)
 
 
-if __name__ == "__main__":                                   # python -m flashlib.figures
-    print(f"wrote {write_roadmap()}")
+from .hardware import fa3_schedule, memory_hierarchy, write_memory_hierarchy  # noqa: E402,F401
+from .partition import warp_partition, backward_dataflow, backward_traffic  # noqa: E402,F401
