@@ -87,8 +87,10 @@ bench-gpu:
 	if grep -q "goal MISSED" $(BENCH_LOG); then echo "bench-gpu: speed goals MISSED on this GPU:"; \
 	  grep "goal MISSED" $(BENCH_LOG); else echo "bench-gpu: no speed goal measured here was missed"; fi
 
-# Publishing: make URL the book's repository (README: Publishing). Rewrites _config.yml, every chapter's
-# setup cell and the README; needs only Python and numpy (the venv's Python where there is one).
+# Publishing: make URL the book's repository (README: Publishing). Rewrites _config.yml (the address, and
+# the Colab and repository buttons: on for a real address, off for the placeholder), every chapter's setup
+# cell, the README and the landing page's "not published yet" note (removed for a real address). A second
+# run changes nothing. Needs only Python and numpy (the venv's Python where there is one).
 set-repo:
 	@test -n "$(URL)" || { echo "usage: make set-repo URL=https://github.com/OWNER/REPO" >&2; exit 2; }
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m flashlib set-repo "$(URL)"

@@ -165,7 +165,7 @@ def _add_check_repo_arguments(parser) -> None:
 
 
 def _run_check_repo(args) -> int:
-    from .tools.publish import check, colab_links, repo_url
+    from .tools.publish import PLACEHOLDER, check, colab_links, repo_url
     try:
         problems = check(expect=args.expect, branch=args.branch)
     except FileNotFoundError as e:                   # an installed flashlib: no book to check
@@ -174,7 +174,10 @@ def _run_check_repo(args) -> int:
     if problems:
         print("The book cannot be published as it is:", *problems, sep="\n  ", file=sys.stderr)
         return 1
-    print(f"repository: {repo_url()}; every chapter's setup cell, the README and the intro agree. Colab links:")
+    url = repo_url()
+    shown = "the book's Colab buttons open:" if url != PLACEHOLDER else \
+        "the Colab links (the book shows no button until `make set-repo URL=...` has run):"
+    print(f"repository: {url}; every chapter's setup cell, the README and the intro agree; {shown}")
     print(*colab_links().values(), sep="\n")
     return 0
 
