@@ -1,13 +1,17 @@
-"""A counted memory model: HBM bytes read and written, on-chip working set, and operation counts.
+"""A counted memory model: HBM bytes read and written, on-chip working set, and
+operation counts.
 
-Every ladder algorithm reports each tile it loads from or stores to HBM to an :class:`IOCounter` while
-it runs, so the traffic a chapter plots is *measured from the algorithm*, not typed in from a formula.
-The model is the one of the FlashAttention paper (Dao et al. 2022, Section 3.2): a slow, large HBM and a
-fast on-chip SRAM of ``M`` elements; an algorithm's cost is the number of elements that cross between
-them. Leading dims (batch, heads) are independent problems, each on its own streaming multiprocessor,
-so the on-chip working set of a step is counted *per problem* (the last two dims of each tile).
+Every ladder algorithm reports each tile it loads from or stores to HBM to an
+:class:`IOCounter` while it runs, so the traffic a chapter plots is *measured
+from the algorithm*, not typed in from a formula. The model is the one of the
+FlashAttention paper (Dao et al. 2022, Section 3.2): a slow, large HBM and a
+fast on-chip SRAM of ``M`` elements; an algorithm's cost is the number of
+elements that cross between them. Leading dims (batch, heads) are independent
+problems, each on its own streaming multiprocessor, so the on-chip working set
+of a step is counted *per problem* (the last two dims of each tile).
 
-Explained in: notebooks/01_naive_attention (traffic) and notebooks/03_flashattention1 (SRAM budget).
+Explained in: notebooks/01_naive_attention (traffic) and
+notebooks/03_flashattention1 (SRAM budget).
 """
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ __all__ = ["IOCounter", "SRAMOverflowError"]
 
 
 class SRAMOverflowError(ValueError):
-    """A step of an algorithm needs more on-chip memory than the counter's ``sram_bytes``.
+    """A step of an algorithm needs more on-chip memory than the counter's
+    ``sram_bytes``.
 
     Explained in: notebooks/01_naive_attention.
     Tested in: tests/ladder/test_iomodel.py.
@@ -27,16 +32,21 @@ class SRAMOverflowError(ValueError):
 
 
 def _tile(tile, name: str) -> np.ndarray:
-    """A tile: a NumPy array of numbers or bools (or what ``np.asarray`` makes one of)."""
-    array = np.asarray(tile) if not type(tile).__module__.startswith("torch") else None
+    """A tile: a NumPy array of numbers or bools (or what ``np.asarray`` makes
+    one of)."""
+    is_torch = type(tile).__module__.startswith("torch")
+    array = np.asarray(tile) if not is_torch else None
     if array is None or array.dtype.kind not in "biuf":
-        raise TypeError(f"{name} must be a NumPy array of numbers, got {type(tile).__name__}"
-                        + ("" if array is None else f" of dtype {array.dtype}"))
+        raise TypeError(
+            f"{name} must be a NumPy array of numbers, "
+            f"got {type(tile).__name__}"
+            + ("" if array is None else f" of dtype {array.dtype}"))
     return array
 
 
 def _elements_per_problem(tile: np.ndarray) -> int:
-    # Tiles are (..., rows, cols); leading dims are independent problems on different SMs.
+    # Tiles are (..., rows, cols); leading dims are independent problems on
+    # different SMs.
     if tile.ndim == 0:
         return 1
     if tile.ndim == 1:
@@ -45,29 +55,37 @@ def _elements_per_problem(tile: np.ndarray) -> int:
 
 
 class IOCounter:
-    """Counts HBM traffic (bytes) and checks the on-chip working set of every step.
+    """Counts HBM traffic (bytes) and checks the on-chip working set of every
+    step.
 
     Args:
-        bytes_per_element: size of one element in HBM (2 for fp16/bf16, 4 for fp32). The count models
-            a kernel storing tensors in that format, whatever dtype NumPy computes in. Row statistics
-            (m, l, LSE, D) are counted at the same size; real kernels keep them in fp32, a difference
-            of O(N) bytes next to the O(Nd) and O(N^2) terms.
-        sram_bytes: on-chip memory of one SM available to one problem; ``None`` means unlimited.
+        bytes_per_element: size of one element in HBM (2 for fp16/bf16, 4 for
+            fp32). The count models a kernel storing tensors in that format,
+            whatever dtype NumPy computes in. Row statistics (m, l, LSE, D) are
+            counted at the same size; real kernels keep them in fp32, a
+            difference of O(N) bytes next to the O(Nd) and O(N^2) terms.
+        sram_bytes: on-chip memory of one SM available to one problem; ``None``
+            means unlimited.
 
     Attributes:
-        hbm_read_bytes, hbm_write_bytes: bytes loaded from / stored to HBM so far.
+        hbm_read_bytes, hbm_write_bytes: bytes loaded from / stored to HBM so
+            far.
         peak_sram_bytes: the largest working set any step reported.
-        matmul_flops, other_flops: operation counts the algorithms report (matmul vs the rest:
-            exp, max, rescaling, division), for the FA1-vs-FA2 comparison.
+        matmul_flops, other_flops: operation counts the algorithms report
+            (matmul vs the rest: exp, max, rescaling, division), for the
+            FA1-vs-FA2 comparison.
 
     Explained in: notebooks/01_naive_attention.
 
     Tested in: tests/ladder/test_iomodel.py.
     """
 
-    def __init__(self, bytes_per_element: int = 2, sram_bytes: int | None = None):
-        self.bytes_per_element = check_block(bytes_per_element, "bytes_per_element")
-        self.sram_bytes = None if sram_bytes is None else check_block(sram_bytes, "sram_bytes")
+    def __init__(self, bytes_per_element: int = 2,
+                 sram_bytes: int | None = None):
+        self.bytes_per_element = check_block(bytes_per_element,
+                                             "bytes_per_element")
+        self.sram_bytes = (None if sram_bytes is None
+                           else check_block(sram_bytes, "sram_bytes"))
         self.reset()
 
     def reset(self) -> None:
@@ -84,40 +102,51 @@ class IOCounter:
         return self.hbm_read_bytes + self.hbm_write_bytes
 
     def load(self, tile: np.ndarray) -> np.ndarray:
-        """Count ``tile`` as read from HBM and return it (a copy: it now lives on chip)."""
+        """Count ``tile`` as read from HBM and return it (a copy: it now lives
+        on chip)."""
         tile = _tile(tile, "tile")
         self.hbm_read_bytes += tile.size * self.bytes_per_element
         return np.array(tile, copy=True)
 
     def store(self, dst: np.ndarray, index, tile) -> None:
-        """Write ``tile`` to ``dst[index]`` in HBM and count the bytes written."""
+        """Write ``tile`` to ``dst[index]`` in HBM and count the bytes
+        written."""
         if not isinstance(dst, np.ndarray):
-            raise TypeError(f"dst must be a NumPy array (the HBM buffer), got {type(dst).__name__}")
+            raise TypeError("dst must be a NumPy array (the HBM buffer), "
+                            f"got {type(dst).__name__}")
         dst[index] = tile
-        self.hbm_write_bytes += np.asarray(dst[index]).size * self.bytes_per_element
+        written = np.asarray(dst[index]).size
+        self.hbm_write_bytes += written * self.bytes_per_element
 
     def sram(self, *tiles: np.ndarray, limit: int | None = None) -> int:
-        """Report the tiles resident on chip during one step; raise if they exceed the budget.
+        """Report the tiles resident on chip during one step; raise if they
+        exceed the budget.
 
-        The budget is ``sram_bytes``, or ``limit`` (an algorithm's own ``sram_bytes`` argument) when
-        that is smaller. Returns the working set in bytes for one problem (one batch element, head).
+        The budget is ``sram_bytes``, or ``limit`` (an algorithm's own
+        ``sram_bytes`` argument) when that is smaller. Returns the working set
+        in bytes for one problem (one batch element, head).
         """
         limit = None if limit is None else check_block(limit, "limit")
-        used = sum(_elements_per_problem(_tile(t, "tiles")) for t in tiles) * self.bytes_per_element
+        elements = sum(_elements_per_problem(_tile(t, "tiles")) for t in tiles)
+        used = elements * self.bytes_per_element
         self.peak_sram_bytes = max(self.peak_sram_bytes, used)
-        budget = min((b for b in (self.sram_bytes, limit) if b is not None), default=None)
+        budget = min((b for b in (self.sram_bytes, limit) if b is not None),
+                     default=None)
         if budget is not None and used > budget:
             shapes = ", ".join(str(tuple(t.shape[-2:])) for t in tiles)
             raise SRAMOverflowError(
-                f"a step needs {used} bytes on chip (tiles {shapes} at {self.bytes_per_element} B "
-                f"per element), more than sram_bytes={budget}; use smaller blocks")
+                f"a step needs {used} bytes on chip (tiles {shapes} at "
+                f"{self.bytes_per_element} B per element), more than "
+                f"sram_bytes={budget}; use smaller blocks")
         return used
 
     def flops(self, matmul: int = 0, other: int = 0) -> None:
-        """Count operations: ``matmul`` (multiply-adds count 2) and ``other`` (exp, max, scale, divide)."""
+        """Count operations: ``matmul`` (multiply-adds count 2) and ``other``
+        (exp, max, scale, divide)."""
         self.matmul_flops += check_count(matmul, "matmul")
         self.other_flops += check_count(other, "other")
 
     def __repr__(self) -> str:
-        return (f"IOCounter(read={self.hbm_read_bytes:,} B, write={self.hbm_write_bytes:,} B, "
+        return (f"IOCounter(read={self.hbm_read_bytes:,} B, "
+                f"write={self.hbm_write_bytes:,} B, "
                 f"peak_sram={self.peak_sram_bytes:,} B)")

@@ -164,8 +164,10 @@ class Puzzle:
     def _repr_markdown_(self):
         return f"**{self._heading()}** {self.spec}\n\nWrite `{self.signature}`."
 
-    def __repr__(self):
-        return f"{self._heading()} {self.spec}\nWrite {self.signature}."
+    def __repr__(self):                  # a terminal's form: wrapped at the book's code width
+        import textwrap
+        return "\n".join([textwrap.fill(f"{self._heading()} {self.spec}", 80),
+                          textwrap.fill(f"Write {self.signature}.", 80, subsequent_indent="    ")])
 
 
 def _arguments_problem(fn, signature: str) -> str | None:

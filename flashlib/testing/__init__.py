@@ -64,8 +64,8 @@ def _softmax_rows(s):
 
 
 def reference(q, k, v, *, causal=False, scale=None):
-    """Float64 attention: returns ``(o, lse)`` with ``o (..., Nq, dv)`` and ``lse (..., Nq)``; NaN
-    inputs follow the module's NaN rule.
+    """Float64 attention: returns ``(o, lse)`` with ``o (..., Nq, dv)`` and
+    ``lse (..., Nq)``; NaN inputs follow the module's NaN rule.
 
     Explained in: notebooks/01_naive_attention.
 
