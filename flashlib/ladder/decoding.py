@@ -1,10 +1,13 @@
-"""Flash-Decoding (Dao, Haziza, Massa, Sizov 2023): split K/V, attend to each split, combine by LSE.
+"""Flash-Decoding (Dao, Haziza, Massa, Sizov 2023): split K/V, attend to each
+split, combine by LSE.
 
-With one query per sequence (decoding), FlashAttention-2's parallelism over query blocks gives a GPU
-only batch x heads work items. Flash-Decoding adds parallelism over the keys: split K/V into
-``num_splits`` chunks, attend to each independently — writing a partial output O_s and its
-log-sum-exp LSE_s — then merge them in a second kernel by LSE rescaling (the same merge as the online
-softmax). Any number of queries works; decoding is the case Nq = 1 with a long K/V.
+With one query per sequence (decoding), FlashAttention-2's parallelism over
+query blocks gives a GPU only batch x heads work items. Flash-Decoding adds
+parallelism over the keys: split K/V into ``num_splits`` chunks, attend to each
+independently — writing a partial output O_s and its log-sum-exp LSE_s — then
+merge them in a second kernel by LSE rescaling (the same merge as the online
+softmax). Any number of queries works; decoding is the case Nq = 1 with a long
+K/V.
 
 Explained in: notebooks/06_flash_decoding.
 """
@@ -12,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import (acc_dtype, check_attention, check_blocks, check_count, check_floating,
-                       check_io, check_num_splits, out_dtype)
+from .._checks import (acc_dtype, check_attention, check_blocks, check_count,
+                       check_floating, check_io, check_num_splits, out_dtype)
 from .masks import causal_mask, masked_matmul
 from .softmax import divide_rows, lse_from_state, safe_exp_diff
 
@@ -21,11 +24,12 @@ __all__ = ["forward", "combine", "split_bounds", "choose_num_splits"]
 
 
 def split_bounds(nk: int, num_splits: int) -> list[tuple[int, int]]:
-    """Key ranges ``[(start, stop), ...]`` of ``num_splits`` near-equal contiguous chunks of ``nk`` keys.
+    """Key ranges ``[(start, stop), ...]`` of ``num_splits`` near-equal
+    contiguous chunks of ``nk`` keys.
 
-    ``nk``: an int >= 0; ``num_splits``: an int >= 1. Exactly ``num_splits`` chunks: some are empty
-    when ``num_splits > nk`` (an empty split contributes ``(0, -inf)``); :func:`forward` asks for at
-    most ``nk``.
+    ``nk``: an int >= 0; ``num_splits``: an int >= 1. Exactly ``num_splits``
+    chunks: some are empty when ``num_splits > nk`` (an empty split contributes
+    ``(0, -inf)``); :func:`forward` asks for at most ``nk``.
 
     Explained in: notebooks/06_flash_decoding.
     Tested in: tests/ladder/test_decoding.py.
@@ -36,30 +40,40 @@ def split_bounds(nk: int, num_splits: int) -> list[tuple[int, int]]:
 
 
 def _attend_split(q, k_s, v_s, k0, nk, causal, scale, acc):
-    """One split, one pass: ``(O_s, LSE_s)`` of q against keys ``[k0, k0 + len(k_s))``, O_s normalized."""
+    """One split, one pass: ``(O_s, LSE_s)`` of q against keys
+    ``[k0, k0 + len(k_s))``, O_s normalized."""
     nq = q.shape[-2]
-    s = scale * q @ np.swapaxes(k_s, -1, -2)                        # (..., Nq, chunk)
-    seen = None                                                     # None: every key is seen
+    s = scale * q @ np.swapaxes(k_s, -1, -2)         # (..., Nq, chunk)
+    seen = None                                      # None: every key is seen
     if causal:
         seen = causal_mask(0, nq, k0, k0 + k_s.shape[-2], nq, nk)
         s = np.where(seen, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full((*s.shape[:-1], 1), -np.inf, acc)
-    p = safe_exp_diff(s, m)                                         # (..., Nq, chunk)
+    if s.shape[-1]:
+        m = s.max(axis=-1, keepdims=True)
+    else:                                            # an empty split
+        m = np.full((*s.shape[:-1], 1), -np.inf, acc)
+    p = safe_exp_diff(s, m)                          # (..., Nq, chunk)
     l = p.sum(axis=-1, keepdims=True)
     o = divide_rows(masked_matmul(p, v_s, seen), l)
     return o, lse_from_state(m, l)[..., 0]
 
 
 def forward(q, k, v, *, num_splits, causal=False, scale=None, io=None):
-    """Flash-Decoding forward: ``num_splits`` independent partial attentions, then :func:`combine`.
+    """Flash-Decoding forward: ``num_splits`` independent partial attentions,
+    then :func:`combine`.
 
     Args:
-        q ``(..., Nq, d)`` (decoding: Nq = 1), k ``(..., Nk, d)``, v ``(..., Nk, dv)``.
-        num_splits: number of contiguous K/V chunks, an int >= 1; each is one work item on a GPU.
-            More splits than keys (``num_splits > Nk``) act as ``Nk``: a split beyond would be empty
-            and add nothing, so none is allocated (the torch API's ``flashlib.decode`` clamps alike).
-        causal: bottom-right aligned (the new query sees the whole cache). scale: ``d ** -0.5``.
-        io: an :class:`~flashlib.ladder.iomodel.IOCounter`; partial results are counted as written and read.
+        q ``(..., Nq, d)`` (decoding: Nq = 1), k ``(..., Nk, d)``,
+            v ``(..., Nk, dv)``.
+        num_splits: number of contiguous K/V chunks, an int >= 1; each is one
+            work item on a GPU. More splits than keys (``num_splits > Nk``)
+            act as ``Nk``: a split beyond would be empty and add nothing, so
+            none is allocated (the torch API's ``flashlib.decode`` clamps
+            alike).
+        causal: bottom-right aligned (the new query sees the whole cache).
+            scale: ``d ** -0.5``.
+        io: an :class:`~flashlib.ladder.iomodel.IOCounter`; partial results
+            are counted as written and read.
 
     Returns:
         ``(o, lse)`` as :func:`flashlib.ladder.fa2.forward`, NaN rule included.
@@ -70,30 +84,38 @@ def forward(q, k, v, *, num_splits, causal=False, scale=None, io=None):
     """
     q, k, v, causal, scale, io = check_attention(q, k, v, causal, scale, io)
     acc, nk = acc_dtype(q, k, v), k.shape[-2]
-    num_splits = min(check_num_splits(num_splits), nk)             # an empty split adds nothing
-    o_parts = np.empty((num_splits, *q.shape[:-1], v.shape[-1]), dtype=acc)  # in HBM
+    d, dv = q.shape[-1], v.shape[-1]
+    # an empty split adds nothing
+    num_splits = min(check_num_splits(num_splits), nk)
+    # the partial results, in HBM
+    o_parts = np.empty((num_splits, *q.shape[:-1], dv), dtype=acc)
     lse_parts = np.empty((num_splits, *q.shape[:-1]), dtype=acc)
-    for s, (k0, k1) in enumerate(split_bounds(nk, num_splits)):     # kernel 1: one program per split
-        q_s = io.load(q).astype(acc)                                # each split reads Q
-        k_s = io.load(k[..., k0:k1, :]).astype(acc)                 # and only its own K/V chunk
+    # kernel 1: one program per split
+    for s, (k0, k1) in enumerate(split_bounds(nk, num_splits)):
+        q_s = io.load(q).astype(acc)                 # each split reads Q
+        k_s = io.load(k[..., k0:k1, :]).astype(acc)  # and only its own K/V
         v_s = io.load(v[..., k0:k1, :]).astype(acc)
         io.sram(q_s, k_s, v_s)
         o_s, lse_s = _attend_split(q_s, k_s, v_s, k0, nk, causal, scale, acc)
-        io.flops(matmul=2 * (q_s.size // q.shape[-1]) * (k1 - k0) * (q.shape[-1] + v.shape[-1]))
-        io.store(o_parts, s, o_s)                                   # write (O_s, LSE_s)
+        io.flops(matmul=2 * (q_s.size // d) * (k1 - k0) * (d + dv))
+        io.store(o_parts, s, o_s)                    # write (O_s, LSE_s)
         io.store(lse_parts, s, lse_s)
-    o, lse = combine(o_parts, lse_parts, io=io)                     # kernel 2: reduce over splits
+    # kernel 2: reduce over the splits
+    o, lse = combine(o_parts, lse_parts, io=io)
     return o.astype(out_dtype(q, k, v)), lse
 
 
 def combine(o_parts, lse_parts, *, io=None):
-    """Merge partial results: ``lse = log sum_s exp(LSE_s)``, ``o = sum_s exp(LSE_s - lse) O_s``.
+    """Merge partial results: ``lse = log sum_s exp(LSE_s)``,
+    ``o = sum_s exp(LSE_s - lse) O_s``.
 
     Args:
-        o_parts ``(S, ..., Nq, dv)``: each split's *normalized* output; lse_parts ``(S, ..., Nq)``.
+        o_parts ``(S, ..., Nq, dv)``: each split's *normalized* output;
+        lse_parts ``(S, ..., Nq)``.
 
     Returns:
-        ``(o, lse)``; where every split has ``LSE_s = -inf``, ``o = 0`` and ``lse = -inf``.
+        ``(o, lse)``; where every split has ``LSE_s = -inf``, ``o = 0`` and
+        ``lse = -inf``.
 
     Explained in: notebooks/06_flash_decoding (and reused by ring attention).
 
@@ -101,11 +123,12 @@ def combine(o_parts, lse_parts, *, io=None):
     """
     o_parts, lse_parts, io = _check_parts(o_parts, lse_parts, io)
     lse_parts, o_parts = io.load(lse_parts), io.load(o_parts)
-    m = lse_parts.max(axis=0)                                       # (..., Nq)
-    w = safe_exp_diff(lse_parts, m)                                 # (S, ..., Nq): exp(LSE_s - m)
+    m = lse_parts.max(axis=0)                        # (..., Nq)
+    # weights exp(LSE_s - m)  (S, ..., Nq)
+    w = safe_exp_diff(lse_parts, m)
     l = w.sum(axis=0)
     lse = lse_from_state(m, l)
-    w = divide_rows(w, l)                                           # exp(LSE_s - lse)
+    w = divide_rows(w, l)                            # exp(LSE_s - lse)
     o = (w[..., None] * o_parts).sum(axis=0)
     io.flops(other=3 * lse_parts.size + 2 * o_parts.size)
     out_o, out_lse = np.empty_like(o), np.empty_like(lse)
@@ -113,21 +136,25 @@ def combine(o_parts, lse_parts, *, io=None):
     return out_o, out_lse
 
 
-def choose_num_splits(batch_heads: int, n_query_blocks: int, nk: int, num_sms: int, *,
-                      block_k: int = 256, max_splits: int = 128) -> int:
-    """Split count heuristic: enough work items to fill the GPU about once, each split >= one key block.
+def choose_num_splits(batch_heads: int, n_query_blocks: int, nk: int,
+                      num_sms: int, *, block_k: int = 256,
+                      max_splits: int = 128) -> int:
+    """Split count heuristic: enough work items to fill the GPU about once,
+    each split >= one key block.
 
-    ``batch_heads * n_query_blocks`` work items exist without splitting. If they already fill
-    ``num_sms`` SMs, one split; otherwise ``ceil(num_sms / items)`` splits, capped so that every split
-    keeps at least ``block_k`` keys and at most ``max_splits`` splits exist.
+    ``batch_heads * n_query_blocks`` work items exist without splitting. If
+    they already fill ``num_sms`` SMs, one split; otherwise
+    ``ceil(num_sms / items)`` splits, capped so that every split keeps at least
+    ``block_k`` keys and at most ``max_splits`` splits exist.
 
     Explained in: notebooks/06_flash_decoding.
 
     Tested in: tests/ladder/test_decoding.py.
     """
-    batch_heads, n_query_blocks, nk, num_sms, block_k, max_splits = check_blocks(
-        batch_heads=batch_heads, n_query_blocks=n_query_blocks, nk=nk, num_sms=num_sms,
-        block_k=block_k, max_splits=max_splits)
+    batch_heads, n_query_blocks, nk, num_sms, block_k, max_splits = (
+        check_blocks(batch_heads=batch_heads, n_query_blocks=n_query_blocks,
+                     nk=nk, num_sms=num_sms, block_k=block_k,
+                     max_splits=max_splits))
     items = batch_heads * n_query_blocks
     if items >= num_sms:
         return 1
@@ -136,9 +163,14 @@ def choose_num_splits(batch_heads: int, n_query_blocks: int, nk: int, num_sms: i
 
 
 def _check_parts(o_parts, lse_parts, io):
-    """combine's arguments: floating ``o_parts (S, ..., Nq, dv)`` and ``lse_parts (S, ..., Nq)``."""
-    o_parts, lse_parts = check_floating(o_parts, "o_parts"), check_floating(lse_parts, "lse_parts")
-    if o_parts.ndim < 2 or o_parts.shape[:-1] != lse_parts.shape or o_parts.shape[0] == 0:
-        raise ValueError(f"o_parts must be (S, ..., Nq, dv) and lse_parts (S, ..., Nq) with S >= 1, "
-                         f"got o_parts {o_parts.shape} and lse_parts {lse_parts.shape}")
+    """combine's arguments: floating ``o_parts (S, ..., Nq, dv)`` and
+    ``lse_parts (S, ..., Nq)``."""
+    o_parts = check_floating(o_parts, "o_parts")
+    lse_parts = check_floating(lse_parts, "lse_parts")
+    if (o_parts.ndim < 2 or o_parts.shape[:-1] != lse_parts.shape
+            or o_parts.shape[0] == 0):
+        raise ValueError(
+            f"o_parts must be (S, ..., Nq, dv) and lse_parts (S, ..., Nq) "
+            f"with S >= 1, got o_parts {o_parts.shape} and "
+            f"lse_parts {lse_parts.shape}")
     return o_parts, lse_parts, check_io(io)

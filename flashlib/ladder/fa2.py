@@ -1,18 +1,22 @@
 """FlashAttention-2 forward and backward (Dao 2023, Algorithms 1 and 2).
 
-Changed from FlashAttention-1: the loops are swapped — the outer loop runs over query blocks, so each
-query block is an independent work item (parallel over blocks on a GPU) whose O_i, l_i, m_i stay on
-chip for the whole inner loop; the division by l is deferred to the end (line 12); the forward saves
-one log-sum-exp per row instead of (m, l); key blocks that the causal mask hides entirely are skipped.
-The backward recomputes S and P from Q, K and the saved LSE, and uses D = rowsum(dO * O).
+Changed from FlashAttention-1: the loops are swapped — the outer loop runs over
+query blocks, so each query block is an independent work item (parallel over
+blocks on a GPU) whose O_i, l_i, m_i stay on chip for the whole inner loop; the
+division by l is deferred to the end (line 12); the forward saves one
+log-sum-exp per row instead of (m, l); key blocks that the causal mask hides
+entirely are skipped. The backward recomputes S and P from Q, K and the saved
+LSE, and uses D = rowsum(dO * O).
 
-Explained in: notebooks/04_flashattention2 (forward) and notebooks/05_backward (backward).
+Explained in: notebooks/04_flashattention2 (forward) and notebooks/05_backward
+(backward).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .._checks import acc_dtype, check_attention, check_block, check_like, out_dtype
+from .._checks import (acc_dtype, check_attention, check_block, check_like,
+                       out_dtype)
 from .masks import block_hidden, causal_mask, masked_matmul
 from .softmax import divide_rows, lse_from_state, safe_exp_diff
 
@@ -23,8 +27,8 @@ DEFAULT_BLOCK_K = 64
 
 
 def _masked_scores(q_i, k_j, scale, causal, i, j, nq, nk):
-    """S_ij = scale * Q_i K_j^T with future keys set to -inf  (..., Br, Bc), and the mask (None
-    when not causal: every key visible)."""
+    """S_ij = scale * Q_i K_j^T with future keys set to -inf  (..., Br, Bc),
+    and the mask (None when not causal: every key visible)."""
     s_ij = scale * q_i @ np.swapaxes(k_j, -1, -2)
     if not causal:
         return s_ij, None
@@ -32,20 +36,24 @@ def _masked_scores(q_i, k_j, scale, causal, i, j, nq, nk):
     return np.where(visible, s_ij, -np.inf), visible
 
 
-def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, io=None):
+def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None,
+            io=None):
     """FlashAttention-2 forward, Algorithm 1 of Dao (2023).
 
     Args:
-        q ``(..., Nq, d)``, k ``(..., Nk, d)``, v ``(..., Nk, dv)``: any leading dims, float dtypes.
+        q ``(..., Nq, d)``, k ``(..., Nk, d)``, v ``(..., Nk, dv)``: any
+            leading dims, float dtypes.
         causal: bottom-right aligned mask. scale: defaults to ``d ** -0.5``.
         block_q, block_k: Br and Bc (default 64 and 64).
-        io: an :class:`~flashlib.ladder.iomodel.IOCounter` receiving every HBM load/store.
+        io: an :class:`~flashlib.ladder.iomodel.IOCounter` receiving every
+            HBM load/store.
 
     Returns:
-        ``(o, lse)``: ``o (..., Nq, dv)``, ``lse (..., Nq)`` the natural-log log-sum-exp of the scaled
-        scores (``-inf`` and ``o = 0`` for a row that sees no key). NaN (flashlib's one rule): a NaN
-        in ``q[i]``, or in ``k[j]`` of a key row i sees, makes row i's o and lse NaN; one in ``v[j]``
-        its o; a NaN behind the causal mask changes nothing.
+        ``(o, lse)``: ``o (..., Nq, dv)``, ``lse (..., Nq)`` the natural-log
+        log-sum-exp of the scaled scores (``-inf`` and ``o = 0`` for a row
+        that sees no key). NaN (flashlib's one rule): a NaN in ``q[i]``, or in
+        ``k[j]`` of a key row i sees, makes row i's o and lse NaN; one in
+        ``v[j]`` its o; a NaN behind the causal mask changes nothing.
 
     Explained in: notebooks/04_flashattention2.
 
@@ -55,45 +63,57 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, io
     acc = acc_dtype(q, k, v)
     br = check_block(block_q, "block_q", DEFAULT_BLOCK_Q)
     bc = check_block(block_k, "block_k", DEFAULT_BLOCK_K)
-    nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    o = np.empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype(q, k, v))   # line 2: O, L in HBM
+    nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    # line 2: O, L in HBM
+    o = np.empty((*q.shape[:-1], dv), dtype=out_dtype(q, k, v))
     lse = np.empty(q.shape[:-1], dtype=acc)
-    for i in range(0, nq, br):                                      # line 3: for 1 <= i <= Tr
+    for i in range(0, nq, br):                       # line 3: for 1 <= i <= Tr
         rows = slice(i, i + br)
-        q_i = io.load(q[..., rows, :]).astype(acc)                  # line 4: load Q_i  (..., Br, d)
-        o_i = np.zeros((*q_i.shape[:-1], v.shape[-1]), dtype=acc)   # line 5: O_i = 0, l_i = 0,
-        l_i = np.zeros((*q_i.shape[:-1], 1), dtype=acc)             #         m_i = -inf (on chip)
+        q_i = io.load(q[..., rows, :]).astype(acc)   # line 4: Q_i (..., Br, d)
+        # line 5: O_i = 0, l_i = 0, m_i = -inf (on chip)
+        o_i = np.zeros((*q_i.shape[:-1], dv), dtype=acc)
+        l_i = np.zeros((*q_i.shape[:-1], 1), dtype=acc)
         m_i = np.full_like(l_i, -np.inf)
-        for j in range(0, nk, bc):                                  # line 6: for 1 <= j <= Tc
+        for j in range(0, nk, bc):                   # line 6: for 1 <= j <= Tc
             if causal and block_hidden(i, i + q_i.shape[-2], j, nq, nk):
-                break                                               # this and later blocks: all future
-            k_j = io.load(k[..., j:j + bc, :]).astype(acc)          # line 7: load K_j, V_j  (..., Bc, d)
+                break                      # this and later blocks: all future
+            # line 7: load K_j, V_j  (..., Bc, d)
+            k_j = io.load(k[..., j:j + bc, :]).astype(acc)
             v_j = io.load(v[..., j:j + bc, :]).astype(acc)
             io.sram(q_i, k_j, v_j, o_i)
-            s_ij, seen = _masked_scores(q_i, k_j, scale, causal, i, j, nq, nk)  # line 8: S_ij
-            m_new = np.maximum(m_i, s_ij.max(axis=-1, keepdims=True))      # line 9: m_i^(j)
-            p_ij = safe_exp_diff(s_ij, m_new)                              #   P~ = exp(S - m_i^(j))
-            alpha = safe_exp_diff(m_i, m_new)                              #   e^(m^(j-1) - m^(j))
-            l_i = alpha * l_i + p_ij.sum(axis=-1, keepdims=True)           #   l_i^(j)
-            o_i = alpha * o_i + masked_matmul(p_ij, v_j, seen)      # line 10: O_i^(j), unnormalized
+            # line 8: S_ij
+            s_ij, seen = _masked_scores(q_i, k_j, scale, causal, i, j, nq, nk)
+            # line 9: m_i^(j), P~ = exp(S - m_i^(j)), l_i^(j)
+            m_new = np.maximum(m_i, s_ij.max(axis=-1, keepdims=True))
+            p_ij = safe_exp_diff(s_ij, m_new)
+            alpha = safe_exp_diff(m_i, m_new)        # e^(m^(j-1) - m^(j))
+            l_i = alpha * l_i + p_ij.sum(axis=-1, keepdims=True)
+            # line 10: O_i^(j), unnormalized
+            o_i = alpha * o_i + masked_matmul(p_ij, v_j, seen)
             m_i = m_new
-            io.flops(matmul=2 * s_ij.size * (d + v.shape[-1]), other=4 * s_ij.size + 2 * o_i.size)
-        o_i = divide_rows(o_i, l_i)                                 # line 12: diag(l)^-1 O_i
+            io.flops(matmul=2 * s_ij.size * (d + dv),
+                     other=4 * s_ij.size + 2 * o_i.size)
+        o_i = divide_rows(o_i, l_i)                  # line 12: diag(l)^-1 O_i
         io.flops(other=o_i.size)
-        io.store(o, (..., rows, slice(None)), o_i)                  # line 14: write O_i
-        io.store(lse, (..., rows), lse_from_state(m_i, l_i)[..., 0])  # lines 13, 15: L_i = m + log l
-    return o, lse                                                   # line 17
+        io.store(o, (..., rows, slice(None)), o_i)   # line 14: write O_i
+        # lines 13, 15: write L_i = m_i + log(l_i)
+        io.store(lse, (..., rows), lse_from_state(m_i, l_i)[..., 0])
+    return o, lse                                    # line 17
 
 
-def backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_q=None, block_k=None, io=None):
-    """FlashAttention-2 backward, Algorithm 2 of Dao (2023): recompute P from the saved LSE.
+def backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_q=None,
+             block_k=None, io=None):
+    """FlashAttention-2 backward, Algorithm 2 of Dao (2023): recompute P from
+    the saved LSE.
 
     Args:
-        q, k, v: as for :func:`forward`; o ``(..., Nq, dv)`` and lse ``(..., Nq)`` from the forward;
+        q, k, v: as for :func:`forward`; o ``(..., Nq, dv)`` and
+            lse ``(..., Nq)`` from the forward;
         do ``(..., Nq, dv)``: the gradient of the loss with respect to o.
 
     Returns:
-        ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``; rows with ``lse = -inf`` contribute nothing.
+        ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``; rows with
+        ``lse = -inf`` contribute nothing.
 
     Explained in: notebooks/05_backward.
 
@@ -107,34 +127,47 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_q=None, blo
     br = check_block(block_q, "block_q", DEFAULT_BLOCK_Q)
     bc = check_block(block_k, "block_k", DEFAULT_BLOCK_K)
     nq, nk = q.shape[-2], k.shape[-2]
-    dq = np.empty(q.shape, dtype=acc)                               # line 3: dQ = 0 in HBM
+    dq = np.empty(q.shape, dtype=acc)                # line 3: dQ = 0 in HBM
     dk, dv = np.empty(k.shape, dtype=acc), np.empty(v.shape, dtype=acc)
     io.store(dq, ..., 0.0)
-    big_d = np.empty((*q.shape[:-1], 1), dtype=acc)                 # line 4: D = rowsum(dO * O)
-    io.store(big_d, ..., (io.load(do).astype(acc) * io.load(o).astype(acc)).sum(-1, keepdims=True))
-    lse_col = lse[..., None].astype(acc)                            # L as (..., Nq, 1)
-    for j in range(0, nk, bc):                                      # line 5: for 1 <= j <= Tc
-        k_j = io.load(k[..., j:j + bc, :]).astype(acc)              # line 6: load K_j, V_j  (..., Bc, d)
+    # line 4: D = rowsum(dO * O), written to HBM
+    big_d = np.empty((*q.shape[:-1], 1), dtype=acc)
+    do_o = io.load(do).astype(acc) * io.load(o).astype(acc)
+    io.store(big_d, ..., do_o.sum(-1, keepdims=True))
+    lse_col = lse[..., None].astype(acc)             # L as (..., Nq, 1)
+    for j in range(0, nk, bc):                       # line 5: for 1 <= j <= Tc
+        # line 6: load K_j, V_j  (..., Bc, d)
+        k_j = io.load(k[..., j:j + bc, :]).astype(acc)
         v_j = io.load(v[..., j:j + bc, :]).astype(acc)
-        dk_j, dv_j = np.zeros_like(k_j), np.zeros_like(v_j)         # line 7: dK_j = dV_j = 0 on chip
-        for i in range(0, nq, br):                                  # line 8: for 1 <= i <= Tr
+        # line 7: dK_j = dV_j = 0 on chip
+        dk_j, dv_j = np.zeros_like(k_j), np.zeros_like(v_j)
+        for i in range(0, nq, br):                   # line 8: for 1 <= i <= Tr
             rows = (..., slice(i, i + br), slice(None))
             if causal and block_hidden(i, min(i + br, nq), j, nq, nk):
-                continue                                            # K_j is in the future of all of Q_i
-            q_i, do_i = io.load(q[rows]).astype(acc), io.load(do[rows]).astype(acc)  # line 9 (O_i is
-            l_i, d_i = io.load(lse_col[rows]), io.load(big_d[rows])  # not needed once D is saved)
-            s_ij, _ = _masked_scores(q_i, k_j, scale, causal, i, j, nq, nk)  # line 10: S_ij
-            p_ij = safe_exp_diff(s_ij, l_i)                         # line 11: P_ij = exp(S_ij - L_i)
-            dv_j += np.swapaxes(p_ij, -1, -2) @ do_i                # line 12: dV_j += P^T dO_i
-            dp_ij = do_i @ np.swapaxes(v_j, -1, -2)                 # line 13: dP_ij = dO_i V_j^T
-            ds_ij = p_ij * (dp_ij - d_i)                            # line 14: dS_ij = P * (dP - D_i)
-            dq_i = io.load(dq[rows])                                # line 15: dQ_i += dS_ij K_j
+                continue               # K_j is in the future of all of Q_i
+            # line 9: load Q_i, dO_i, L_i, D_i (O_i is not needed: D is saved)
+            q_i = io.load(q[rows]).astype(acc)
+            do_i = io.load(do[rows]).astype(acc)
+            l_i, d_i = io.load(lse_col[rows]), io.load(big_d[rows])
+            # line 10: S_ij
+            s_ij, _ = _masked_scores(q_i, k_j, scale, causal, i, j, nq, nk)
+            p_ij = safe_exp_diff(s_ij, l_i)          # line 11: exp(S_ij - L_i)
+            # line 12: dV_j += P^T dO_i
+            dv_j += np.swapaxes(p_ij, -1, -2) @ do_i
+            # line 13: dP_ij = dO_i V_j^T
+            dp_ij = do_i @ np.swapaxes(v_j, -1, -2)
+            ds_ij = p_ij * (dp_ij - d_i)             # line 14: P * (dP - D_i)
+            # line 15: dQ_i += dS_ij K_j  (read, add, write back to HBM)
+            dq_i = io.load(dq[rows])
             io.store(dq, rows, dq_i + scale * ds_ij @ k_j)
-            dk_j += scale * np.swapaxes(ds_ij, -1, -2) @ q_i        # line 16: dK_j += dS^T Q_i
+            # line 16: dK_j += dS^T Q_i
+            dk_j += scale * np.swapaxes(ds_ij, -1, -2) @ q_i
             io.sram(k_j, v_j, dk_j, dv_j, q_i, do_i, dq_i)
-            io.flops(matmul=2 * s_ij.size * (3 * q.shape[-1] + 2 * v.shape[-1]),  # S, dQ, dK; dV, dP
+            # matmuls: S, dQ, dK (width d); dV, dP (width dv)
+            io.flops(matmul=2 * s_ij.size * (3 * q.shape[-1] + 2 * v.shape[-1]),
                      other=5 * s_ij.size)
-        io.store(dk, (..., slice(j, j + bc), slice(None)), dk_j)    # line 18: write dK_j, dV_j
+        # line 18: write dK_j, dV_j
+        io.store(dk, (..., slice(j, j + bc), slice(None)), dk_j)
         io.store(dv, (..., slice(j, j + bc), slice(None)), dv_j)
     dt = out_dtype(q, k, v, do)
-    return dq.astype(dt), dk.astype(dt), dv.astype(dt)              # line 20
+    return dq.astype(dt), dk.astype(dt), dv.astype(dt)   # line 20
