@@ -61,7 +61,7 @@ def _launch(fn, grid, inputs, out_shape, *args, **constexprs):
                           f"output (mask the stores to the rows and columns that exist)")
     unset = result == SENTINEL
     if unset.all():
-        raise NotImplementedError("the kernel stored nothing: write its body and run the cell again")
+        raise NotImplementedError("the kernel stored nothing yet")
     if unset.any():
         r, c = np.argwhere(unset)[0]
         raise WrongAnswer(f"the kernel never stored row {r}, column {c} of the output (does the grid or "
@@ -143,6 +143,30 @@ def _run_attention_row(fn, case):
                    BLOCK_N=16, BLOCK_D=triton.next_power_of_2(d))
 
 
+# ---- a tiled FlashAttention forward: one program per query block -------------------------------
+
+@functools.cache
+def _flash_forward_cases():
+    cases = []
+    for n, (nq, nk, d, causal, boost) in enumerate([(1, 1, 1, False, 1.0), (20, 37, 16, False, 1.0),
+                                                    (5, 3, 8, True, 1.0), (33, 20, 5, True, 1.0),
+                                                    (17, 64, 24, False, 30.0), (40, 33, 12, True, 1.0)]):
+        q, k, v = testing.random_qkv(nq, nk, d, dtype=np.float32, seed=120 + n)
+        q = (boost * q).astype(np.float32)
+        cases.append(Case(f"Nq={nq}, Nk={nk}, d={d}" + (", causal" if causal else "")
+                          + (", scores in the hundreds" if boost > 1 else ""),
+                          (q, k, v, causal), testing.reference(q, k, v, causal=causal)[0]))
+    return cases
+
+
+def _run_flash_forward(fn, case):
+    import triton
+    q, k, v, causal = case.args
+    (nq, d), nk = q.shape, len(k)
+    return _launch(fn, (triton.cdiv(nq, 16),), [q, k, v], (nq, d), nq, nk, d, d ** -0.5, CAUSAL=causal,
+                   BLOCK_M=16, BLOCK_N=16, BLOCK_D=max(16, triton.next_power_of_2(d)))
+
+
 C7 = "notebooks/07_triton"
 _KERNEL = dict(accepts=_accepts_kernel,
                not_attempted_hint="the kernel body still raises NotImplementedError: write it and run the cell")
@@ -181,4 +205,20 @@ PUZZLES = [
            "BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr)",
            ("o",), lambda: list(_attention_row_cases()), SOL + "attention_row_kernel", call=_run_attention_row,
            atol=1e-4, rtol=1e-4, **_KERNEL),
+    Puzzle("flash_forward_kernel", C7, "A tiled FlashAttention forward", " ".join("""
+        The last step of the ladder: FlashAttention-2's forward with one program per block of `BLOCK_M`
+        queries, launched on `grid = (cdiv(nq, BLOCK_M),)`. `q (nq, d)`, `k, v (nk, d)` and `o (nq, d)`
+        are row-major. The stub loads the query tile `Q_i` (padded to `BLOCK_D >= d` columns, rows past
+        `nq` as 0) and starts `m = -inf`, `l = 0`, `acc = 0` for its `BLOCK_M` rows. Write the inner loop
+        over the key blocks, `BLOCK_N` keys at a time: load `K_j` and `V_j` with masks, compute
+        `S = scale * Q_i K_j^T` with `tl.dot`, set to `-inf` the keys `>= nk` and, when `CAUSAL` is set,
+        the keys `j > i + nk - nq` (bottom-right), then take one online-softmax step per row, as in
+        puzzle 7.3 but for a whole tile (`tl.dot(p, v)` for the values). Then store `acc / l` in the
+        rows of `o` that exist; a row that sees no key stores zeros. The shapes are divisible by no block,
+        and some scores are in the hundreds. On a GPU, `tl.dot` on float32 may use TF32, so the
+        tolerance is 1e-2.""".split()),
+           "flash_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, nq, nk, d, scale, CAUSAL: tl.constexpr, "
+           "BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr)",
+           ("o",), lambda: list(_flash_forward_cases()), SOL + "flash_forward_kernel", call=_run_flash_forward,
+           atol=1e-2, rtol=1e-2, **_KERNEL),
 ]

@@ -132,6 +132,69 @@ def scores_stub_raises(q_ptr, k_ptr, s_ptr, nq, nk, d, scale, CAUSAL: tl.constex
     raise NotImplementedError
 
 
+@triton.jit
+def flash_forward_variant(q_ptr, k_ptr, v_ptr, o_ptr, nq, nk, d, scale, CAUSAL: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                          RESCALE: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, KEY_MASK: tl.constexpr):
+    """flash_forward_kernel with one step wrong: no rescaling by alpha, a top-left causal mask, or no
+    mask on the keys past nk of the last, ragged key block."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    q_tile = (rows[:, None] < nq) & (dims[None, :] < d)
+    q = tl.load(q_ptr + rows[:, None] * d + dims[None, :], mask=q_tile, other=0.0)
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    for j in range(0, nk, BLOCK_N):
+        cols = j + tl.arange(0, BLOCK_N)
+        kv_tile = (cols[:, None] < nk) & (dims[None, :] < d)
+        k = tl.load(k_ptr + cols[:, None] * d + dims[None, :], mask=kv_tile, other=0.0)
+        v = tl.load(v_ptr + cols[:, None] * d + dims[None, :], mask=kv_tile, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale
+        visible = (cols[None, :] < nk) | (not KEY_MASK)
+        if CAUSAL:
+            if BOTTOM_RIGHT:
+                visible = visible & (cols[None, :] <= rows[:, None] + nk - nq)
+            else:
+                visible = visible & (cols[None, :] <= rows[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m - m_safe)
+        if not RESCALE:
+            alpha = tl.full((BLOCK_M,), 1.0, tl.float32)
+        l = alpha * l + tl.sum(p, axis=1)
+        acc = alpha[:, None] * acc + tl.dot(p, v)
+        m = m_new
+    l_safe = tl.where(l > 0, l, 1.0)
+    o = tl.where(l[:, None] > 0, acc / l_safe[:, None], 0.0)
+    tl.store(o_ptr + rows[:, None] * d + dims[None, :], o, mask=q_tile)
+
+
+def _flash_variant(**flags):
+    """flash_forward_variant with its flags fixed, launched as the checker launches a reader's kernel."""
+    class Variant(triton.runtime.jit.KernelInterface):
+        fn = flash_forward_variant.fn
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: flash_forward_variant[grid](*args, **kw, **flags)
+    return Variant()
+
+
+@triton.jit
+def flash_forward_stub(q_ptr, k_ptr, v_ptr, o_ptr, nq, nk, d, scale, CAUSAL: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The stub chapter 7 hands out: the query tile and the running statistics, no loop, no store."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    q_tile = (rows[:, None] < nq) & (dims[None, :] < d)
+    q = tl.load(q_ptr + rows[:, None] * d + dims[None, :], mask=q_tile, other=0.0)  # noqa: F841
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)  # noqa: F841
+    l = tl.zeros((BLOCK_M,), tl.float32)  # noqa: F841
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)  # noqa: F841
+
+
 WRONG = [
     ("softmax_kernel", softmax_no_max, "case 2 x 100, scores ~200 (row stride 103): y is NaN at row 0"),
     ("softmax_kernel", softmax_no_load_mask, "case 3 x 5 (row stride 8): y: max error"),
@@ -145,6 +208,12 @@ WRONG = [
      "wrong on case Nq=5, Nk=3, d=8, causal: o: max error"),
     ("scores_kernel", scores_first_tile_only,
      "wrong on case Nq=20, Nk=9, d=24, causal: the kernel never stored row 16"),
+    ("flash_forward_kernel", _flash_variant(RESCALE=False, BOTTOM_RIGHT=True, KEY_MASK=True),
+     "wrong on case Nq=20, Nk=37, d=16: o: max error"),
+    ("flash_forward_kernel", _flash_variant(RESCALE=True, BOTTOM_RIGHT=False, KEY_MASK=True),
+     "wrong on case Nq=5, Nk=3, d=8, causal: o: max error"),
+    ("flash_forward_kernel", _flash_variant(RESCALE=True, BOTTOM_RIGHT=True, KEY_MASK=False),
+     "wrong on case Nq=1, Nk=1, d=1: o: max error"),
 ]
 
 
@@ -166,9 +235,11 @@ def test_every_triton_puzzle_has_a_wrong_kernel_that_fails():
 
 
 @pytest.mark.parametrize("name,stub,reason", [
-    ("softmax_kernel", softmax_stub, "the kernel stored nothing: write its body and run the cell again"),
+    ("softmax_kernel", softmax_stub, "the kernel stored nothing yet"),
     ("scores_kernel", scores_stub_raises,
      "the kernel body still raises NotImplementedError: write it and run the cell"),
+    ("flash_forward_kernel", flash_forward_stub,
+     "the kernel stored nothing yet"),
 ])
 def test_a_stub_kernel_is_not_attempted_yet(name, stub, reason):
     result = check(name, stub)
@@ -187,3 +258,8 @@ def test_a_plain_python_function_is_refused_naming_fn():
 def test_the_variant_kernel_with_nothing_left_out_passes():
     """So the wrong variants above fail for the step they leave out, not for the way they are launched."""
     assert check("attention_row_kernel", _variant(RESCALE=True, BOTTOM_RIGHT=True))
+
+
+def test_the_flash_forward_variant_with_nothing_left_out_passes():
+    """So its wrong variants fail for the step they leave out, not for the way they are launched."""
+    assert check("flash_forward_kernel", _flash_variant(RESCALE=True, BOTTOM_RIGHT=True, KEY_MASK=True))

@@ -146,11 +146,13 @@ def check_tensors(*tensors) -> None:
 
 
 def flat_grid(*counts: int) -> tuple[int]:
-    """The one-axis grid of ``prod(counts)`` programs that every flashlib kernel launches.
+    """The one-axis grid of ``prod(counts)`` programs that every flashlib
+    kernel launches.
 
-    ``counts`` from the slowest-varying to the fastest (e.g. ``B·H``, query blocks per head): the
-    kernel decodes them back from ``tl.program_id(0)`` in the same order. Raises ValueError beyond
-    CUDA's 2^31 - 1 programs (:func:`flashlib.hardware.flat_programs`; about 10^11 query rows at 64
+    ``counts`` from the slowest-varying to the fastest (e.g. ``B·H``, query
+    blocks per head): the kernel decodes them back from ``tl.program_id(0)``
+    in the same order. Raises ValueError beyond CUDA's 2^31 - 1 programs
+    (:func:`flashlib.hardware.flat_programs`; about 10^11 query rows at 64
     rows per program: memory runs out first).
     Explained in: notebooks/07_triton.
 

@@ -173,31 +173,37 @@ INTERPRETER: dict[str, Config] = {
 
 
 def hazard(kernel: str, cfg: Config) -> str | None:
-    """Why ``cfg`` must not run ``kernel`` on a GPU, or None. The one class shown wrong on a real GPU:
-    the dK/dV kernel pipelined (num_stages >= 2) with block_m < 64 <= block_n (see above).
+    """Why ``cfg`` must not run ``kernel`` on a GPU, or None. The one class
+    shown wrong on a real GPU: the dK/dV kernel pipelined (num_stages >= 2)
+    with block_m < 64 <= block_n (see above).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/triton/test_triton_configs.py.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if not isinstance(cfg, Config):
-        raise TypeError(f"cfg must be a flashlib.kernels.triton.configs.Config, got {type(cfg).__name__}")
-    if kernel == "bwd_dkdv" and cfg.num_stages >= 2 and cfg.block_m < 64 <= cfg.block_n:
-        return (f"bwd_dkdv {cfg}: pipelined with a query step < 64 beside a key block >= 64 gave a wrong, "
-                "non-deterministic dK on an H100")
+        raise TypeError("cfg must be a flashlib.kernels.triton.configs.Config, "
+                        f"got {type(cfg).__name__}")
+    pipelined = cfg.num_stages >= 2
+    if kernel == "bwd_dkdv" and pipelined and cfg.block_m < 64 <= cfg.block_n:
+        return (f"bwd_dkdv {cfg}: pipelined with a query step < 64 beside a "
+                "key block >= 64 gave a wrong, non-deterministic dK on an H100")
     return None
 
 
 def safe(kernel: str, cfg: Config) -> Config:
-    """``cfg``, or its un-pipelined twin (num_stages = 1) if :func:`hazard` refuses it.
+    """``cfg``, or its un-pipelined twin (num_stages = 1) if :func:`hazard`
+    refuses it.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/triton/test_triton_configs.py.
     """
-    return cfg if hazard(kernel, cfg) is None else Config(cfg.block_m, cfg.block_n, cfg.num_warps, 1)
+    if hazard(kernel, cfg) is None:
+        return cfg
+    return Config(cfg.block_m, cfg.block_n, cfg.num_warps, 1)
 
 
 def _table_spec(kernel) -> KernelSpec:

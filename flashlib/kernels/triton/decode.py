@@ -26,7 +26,7 @@
 #   B·H; 64-bit offsets (kit's "Offsets"): the caches, q and the partials (num_splits·B·H·Nq·d) may hold
 #   2^31 elements or more; one kv head's query rows (group·Nq) < 2^31.
 # Run: flashlib.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="triton").
-"""Flash-Decoding split-KV and combine kernels and their launcher.  Explained in: notebooks/07_triton."""
+"""Flash-Decoding split-KV and combine kernels and their launcher.  Explained in: notebooks/07b_backward_decoding."""
 from __future__ import annotations
 
 import torch
@@ -41,80 +41,108 @@ __all__ = ["decode", "grid_split", "grid_combine", "split_block_m", "SPLIT_SPEC"
 
 @triton.jit
 def _split_kernel(Q, K, V, SEQLENS, OP, LP,
-                  stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                  stride_qb, stride_qh, stride_qn,
+                  stride_kb, stride_kh, stride_kn,
                   stride_vb, stride_vh, stride_vn,
                   qk_scale, B, H, HKV, GROUP, NQ, NMAX, D,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    n_r = tl.cdiv(GROUP * NQ, BLOCK_M)                 # blocks of stacked query rows per kv head
-    n_splits = tl.num_programs(0) // (B * HKV * n_r)   # the flat grid is B·HKV x n_r x n_splits
-    split, rest = kit.unflatten(tl.program_id(0), n_splits)   # kernel 1: one program per split ...
-    pid_r, pid_bhk = kit.unflatten(rest, n_r)          # ... block of stacked query rows ...
-    hk, b = kit.unflatten(pid_bhk, HKV)                # ... batch b and kv head hk
-    b, hk = b.to(tl.int64), hk.to(tl.int64)            # offsets in 64 bits (kit: Offsets)
-    # Stacked rows stay 32-bit, as in every grid decode: GROUP·NQ, one kv head's query rows in a
-    # decode step (B·HKV·GROUP·NQ·d = q's elements), must be < 2^31.
-    offs_r = pid_r * BLOCK_M + tl.arange(0, BLOCK_M)   # stacked rows r = g * NQ + iq
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    # blocks of stacked query rows per kv head
+    n_r = tl.cdiv(GROUP * NQ, BLOCK_M)
+    # the flat grid is B·HKV x n_r x n_splits
+    n_splits = tl.num_programs(0) // (B * HKV * n_r)
+    # kernel 1: one program per split, block of stacked query rows, batch b
+    # and kv head hk
+    split, rest = kit.unflatten(tl.program_id(0), n_splits)
+    pid_r, pid_bhk = kit.unflatten(rest, n_r)
+    hk, b = kit.unflatten(pid_bhk, HKV)
+    b, hk = b.to(tl.int64), hk.to(tl.int64)  # offsets in 64 bits (kit: Offsets)
+    # Stacked rows stay 32-bit, as in every grid decode: GROUP·NQ, one kv
+    # head's query rows in a decode step (B·HKV·GROUP·NQ·d = q's elements),
+    # must be < 2^31.
+    # stacked rows r = g * NQ + iq
+    offs_r = pid_r * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = offs_r < GROUP * NQ
-    iq, g = kit.unflatten(offs_r, NQ)                  # (BLOCK_M,) query position and group member
-    h = hk * GROUP + g                                 # (BLOCK_M,) query head of each row, 64-bit
+    iq, g = kit.unflatten(offs_r, NQ)   # (BLOCK_M,) query position, member
+    h = hk * GROUP + g                  # (BLOCK_M,) query head of each row
     offs_d = tl.arange(0, BLOCK_D)
     q_rows = Q + b * stride_qb + h * stride_qh + iq.to(tl.int64) * stride_qn
     q = kit.load_tile(q_rows, row_ok, offs_d, D, UPCAST)
-    if SEQLENS is None:                                # no lengths (a constexpr None): the whole cache
+    if SEQLENS is None:     # no lengths (a constexpr None): the whole cache
         nk = NMAX
-    else:   # this sequence's valid keys, clamped into [0, NMAX]: the host does not read them back (no sync)
+    else:
+        # this sequence's valid keys, clamped into [0, NMAX]: the host does
+        # not read them back (no sync)
         nk = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), NMAX)
-    chunk = tl.cdiv(tl.cdiv(nk, n_splits), BLOCK_N) * BLOCK_N   # keys per split, whole blocks
+    # keys per split, whole blocks
+    chunk = tl.cdiv(tl.cdiv(nk, n_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, nk)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # The online softmax over this split's keys [start, end), every block masked at `end`, no causal mask.
-    acc, l_i, m_i = kit.attend(acc, l_i, m_i, q, K + b * stride_kb + hk * stride_kh,
-                               V + b * stride_vb + hk * stride_vh, stride_kn, stride_vn, offs_r, offs_d,
-                               start, end, end, 0, D, qk_scale, BLOCK_N, kit.MASKED, False, UPCAST, PRECISION)
-    o, lse = kit.finish(acc, l_i, m_i)                 # O_s normalized, LSE_s (0 and -inf: empty split)
-    rows = (b * H + h) * NQ + iq                       # flat row index into (B, H, NQ), 64-bit
-    n_rows = tl.cast(B, tl.int64) * H * NQ           # tl.cast: B is a plain int where the JIT made it 1
-    # OP (num_splits, B·H·NQ, D): fp32 partials, or o itself (one split), so cast to OP's type
-    tl.store(OP + (split * n_rows + rows[:, None]) * D + offs_d[None, :], o.to(OP.dtype.element_ty),
+    # The online softmax over this split's keys [start, end), every block
+    # masked at `end`, no causal mask.
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+    acc, l_i, m_i = kit.attend(acc, l_i, m_i, q, k_base, v_base,
+                               stride_kn, stride_vn, offs_r, offs_d,
+                               start, end, end, 0, D, qk_scale, BLOCK_N,
+                               kit.MASKED, False, UPCAST, PRECISION)
+    # O_s normalized, LSE_s (0 and -inf: an empty split)
+    o, lse = kit.finish(acc, l_i, m_i)
+    rows = (b * H + h) * NQ + iq      # flat row index into (B, H, NQ), 64-bit
+    # tl.cast: B is a plain int where the JIT made it 1
+    n_rows = tl.cast(B, tl.int64) * H * NQ
+    # OP (num_splits, B·H·NQ, D): fp32 partials, or o itself (one split), so
+    # cast to OP's type
+    op_ptrs = OP + (split * n_rows + rows[:, None]) * D + offs_d[None, :]
+    tl.store(op_ptrs, o.to(OP.dtype.element_ty),
              mask=row_ok[:, None] & (offs_d[None, :] < D))
     tl.store(LP + split * n_rows + rows, lse, mask=row_ok)
 
 
 @triton.jit
-def _combine_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on, n_rows, H, NQ, N_SPLITS, D,
+def _combine_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on,
+                    n_rows, H, NQ, N_SPLITS, D,
                     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    row = tl.program_id(0)                             # kernel 2: one program per query row (flat)
+    row = tl.program_id(0)    # kernel 2: one program per query row (flat)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = offs_s < N_SPLITS
-    splits = offs_s.to(tl.int64)                       # splits x n_rows x D can pass 2^31: 64 bits
-    lse_s = tl.load(LP + splits * n_rows + row, mask=s_ok, other=float("-inf"))   # (BLOCK_S,)
+    # splits x n_rows x D can pass 2^31: 64 bits
+    splits = offs_s.to(tl.int64)
+    # (BLOCK_S,)
+    lse_s = tl.load(LP + splits * n_rows + row, mask=s_ok,
+                    other=float("-inf"))
     m = tl.max(lse_s, 0)
-    m_use = tl.where(m == float("-inf"), 0.0, m)       # every split empty: weights 0, no NaN
-    w = tl.math.exp2((lse_s - m_use) * kit.LOG2E)      # exp(LSE_s - m)
-    l = tl.sum(w, 0)                                   # NaN if a split is NaN (w NaN): kept
-    empty = l == 0.0                                   # no split saw a key (not l > 0: NaN is not empty)
+    # every split empty: weights 0, no NaN
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2((lse_s - m_use) * kit.LOG2E)     # exp(LSE_s - m)
+    l = tl.sum(w, 0)            # NaN if a split is NaN (w NaN): kept
+    # no split saw a key (not l > 0: NaN is not empty)
+    empty = l == 0.0
     l_safe = tl.where(empty, 1.0, l)
+    # (BLOCK_S, BLOCK_D)
     o_s = tl.load(OP + (splits[:, None] * n_rows + row) * D + offs_d[None, :],
-                  mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0)   # (BLOCK_S, BLOCK_D)
-    o = tl.sum(w[:, None] * o_s, 0) / l_safe           # sum_s exp(LSE_s - lse) O_s
-    lse = tl.where(empty, float("-inf"), m_use + tl.math.log2(l_safe) * kit.LN2)
-    iq, bh = kit.unflatten(row, NQ)                    # row = (b·H + h)·NQ + iq
+                  mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    o = tl.sum(w[:, None] * o_s, 0) / l_safe   # sum_s exp(LSE_s - lse) O_s
+    lse = tl.where(empty, float("-inf"),
+                   m_use + tl.math.log2(l_safe) * kit.LN2)
+    iq, bh = kit.unflatten(row, NQ)             # row = (b·H + h)·NQ + iq
     h, b = kit.unflatten(bh, H)
-    b, h, iq = b.to(tl.int64), h.to(tl.int64), iq.to(tl.int64)   # offsets in 64 bits (kit: Offsets)
-    tl.store(O + b * stride_ob + h * stride_oh + iq * stride_on + offs_d, o.to(O.dtype.element_ty),
-             mask=offs_d < D)
+    # offsets in 64 bits (kit: Offsets)
+    b, h, iq = b.to(tl.int64), h.to(tl.int64), iq.to(tl.int64)
+    o_ptrs = O + b * stride_ob + h * stride_oh + iq * stride_on + offs_d
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=offs_d < D)
     tl.store(LSE + row, lse)
 
 
 def split_block_m(cfg_block_m: int, group: int, NQ: int) -> int:
     """Stacked query rows per split-kernel program: the config's block_m is a cap, 16 the floor.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/07b_backward_decoding.
 
     Tested in: tests/kernels/triton/test_triton_spec.py.
     """
@@ -124,7 +152,7 @@ def split_block_m(cfg_block_m: int, group: int, NQ: int) -> int:
 def grid_split(B: int, HKV: int, group: int, NQ: int, block_m: int, num_splits: int) -> tuple[int]:
     """The split kernel's grid: one program per (batch·kv head, row block, split), flat, split fastest.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/07b_backward_decoding.
 
     Tested in: tests/kernels/triton/test_triton_spec.py.
     """
@@ -134,7 +162,7 @@ def grid_split(B: int, HKV: int, group: int, NQ: int, block_m: int, num_splits: 
 def grid_combine(B: int, H: int, NQ: int) -> tuple[int]:
     """The combine kernel's grid: one program per query row of (B, H, Nq).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/07b_backward_decoding.
 
     Tested in: tests/kernels/triton/test_triton_spec.py.
     """

@@ -21,7 +21,7 @@
 # Limits: as the forward (head dim <= 256, fp16/bf16/fp32, bf16 needs sm_80+, any B·H, 64-bit offsets:
 #   a tensor may hold 2^31 elements or more).
 # Run: flashlib.attention(q, k, v, backend="triton").backward(do); interpreted on a CPU.
-"""FlashAttention-2 backward kernels and their launcher.  Explained in: notebooks/07_triton."""
+"""FlashAttention-2 backward kernels and their launcher.  Explained in: notebooks/07b_backward_decoding."""
 from __future__ import annotations
 
 import torch
@@ -40,109 +40,143 @@ PREPROCESS_BLOCK_M = 64     # query rows per program of the D preprocess (an ele
 
 
 @triton.jit
-def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
+def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_on,
+                    stride_dob, stride_doh, stride_don,
                     H, NQ, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))   # query block, batch·head
+    # this program's query block, of batch b, head h
+    pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))
     h, b = kit.unflatten(pid_bh, H)
-    b, h = b.to(tl.int64), h.to(tl.int64)             # offsets in 64 bits (kit: Offsets)
+    b, h = b.to(tl.int64), h.to(tl.int64)   # offsets in 64 bits (kit: Offsets)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = offs_m.to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < NQ
-    o = kit.load_tile(O + b * stride_ob + h * stride_oh + rows * stride_on, row_ok, offs_d, D, True)
-    do = kit.load_tile(DO + b * stride_dob + h * stride_doh + rows * stride_don, row_ok, offs_d, D, True)
-    tl.store(DELTA + (b * H + h) * NQ + offs_m, tl.sum(o * do, 1), mask=row_ok)   # line 4: D_i
+    o_rows = O + b * stride_ob + h * stride_oh + rows * stride_on
+    do_rows = DO + b * stride_dob + h * stride_doh + rows * stride_don
+    o = kit.load_tile(o_rows, row_ok, offs_d, D, True)
+    do = kit.load_tile(do_rows, row_ok, offs_d, D, True)
+    # line 4: D_i = rowsum(dO_i * O_i)
+    tl.store(DELTA + (b * H + h) * NQ + offs_m, tl.sum(o * do, 1), mask=row_ok)
 
 
 @triton.jit
 def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-              stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
-              stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+              stride_vb, stride_vh, stride_vn,
+              stride_dob, stride_doh, stride_don,
+              stride_dkb, stride_dkh, stride_dkn,
+              stride_dvb, stride_dvh, stride_dvn,
               qk_scale, scale, H, HKV, GROUP, NQ, NK, D,
-              CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    pid_n, pid_bhk = kit.unflatten(tl.program_id(0), tl.cdiv(NK, BLOCK_N))   # line 5: key block j ...
-    hk, b = kit.unflatten(pid_bhk, HKV)                # ... of batch b, kv head hk
-    b, hk = b.to(tl.int64), hk.to(tl.int64)            # offsets in 64 bits (kit: Offsets)
+              CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    # line 5: this program's key block j, of batch b, kv head hk
+    pid_n, pid_bhk = kit.unflatten(tl.program_id(0), tl.cdiv(NK, BLOCK_N))
+    hk, b = kit.unflatten(pid_bhk, HKV)
+    b, hk = b.to(tl.int64), hk.to(tl.int64)  # offsets in 64 bits (kit: Offsets)
     start_n = pid_n * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)           # (BLOCK_N,) key rows
+    offs_n = start_n + tl.arange(0, BLOCK_N)          # (BLOCK_N,) key rows
     keys = offs_n.to(tl.int64)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     key_ok = offs_n < NK
-    k = kit.load_tile(K + b * stride_kb + hk * stride_kh + keys * stride_kn, key_ok, offs_d, D, UPCAST)
-    v = kit.load_tile(V + b * stride_vb + hk * stride_vh + keys * stride_vn, key_ok, offs_d, D, UPCAST)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)      # line 7: dK_j = dV_j = 0 on chip
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    # Causal: query blocks before lo see none of key block j; those starting before hi_masked see part.
+    k_rows = K + b * stride_kb + hk * stride_kh + keys * stride_kn
+    v_rows = V + b * stride_vb + hk * stride_vh + keys * stride_vn
+    k = kit.load_tile(k_rows, key_ok, offs_d, D, UPCAST)
+    v = kit.load_tile(v_rows, key_ok, offs_d, D, UPCAST)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # line 7: dK_j = dV_j = 0
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # on chip
+    # Causal: query blocks before lo see none of key block j; those starting
+    # before hi_masked see part of it.
     lo, hi_masked = kit.query_range(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
-    h = hk * GROUP                                     # the group's first query head: its Q, dO, LSE, D
+    h = hk * GROUP    # the group's first query head: its Q, dO, LSE, D
     q_base = Q + b * stride_qb + h * stride_qh
     do_base = DO + b * stride_dob + h * stride_doh
     lse_base = LSE + (b * H + h) * NQ
     delta_base = DELTA + (b * H + h) * NQ
-    for g in range(0, GROUP):                          # GQA: every query head reading kv head hk
-        for start_m in range(lo, NQ, BLOCK_M):         # line 8: for the query blocks i
+    for g in range(0, GROUP):       # GQA: every query head reading kv head hk
+        for start_m in range(lo, NQ, BLOCK_M):   # line 8: the query blocks i
             offs_m = start_m + offs_m0
             row_ok = offs_m < NQ
-            q = kit.load_tile(q_base + offs_m.to(tl.int64) * stride_qn, row_ok, offs_d, D, UPCAST)
-            do = kit.load_tile(do_base + offs_m.to(tl.int64) * stride_don, row_ok, offs_d, D, UPCAST)
-            dk, dv = kit.dkdv_step(dk, dv, q, do, k, v, lse_base, delta_base, start_m, offs_m,
-                                   offs_n, hi_masked, NQ, NK, qk_scale, CAUSAL, PRECISION)   # lines 9-16
-        q_base += stride_qh                            # the group's next query head: the pointers walk
-        do_base += stride_doh                          # (h·stride in 64 bits inside the loop spilled
-        lse_base += NQ                                 # 92 bytes in the TMA twin on sm_90, walking 8;
-        delta_base += NQ                               # triton 3.9 cross-compiled)
-    dk = dk * scale                                    # dS = scale * dS: applied once, at the end
-    kit.store_tile(DK + b * stride_dkb + hk * stride_dkh + keys * stride_dkn, key_ok, offs_d, D, dk)  # 18
-    kit.store_tile(DV + b * stride_dvb + hk * stride_dvh + keys * stride_dvn, key_ok, offs_d, D, dv)
+            m_rows = offs_m.to(tl.int64)
+            q = kit.load_tile(q_base + m_rows * stride_qn, row_ok, offs_d, D,
+                              UPCAST)
+            do = kit.load_tile(do_base + m_rows * stride_don, row_ok, offs_d,
+                               D, UPCAST)
+            # lines 9-16
+            dk, dv = kit.dkdv_step(dk, dv, q, do, k, v, lse_base, delta_base,
+                                   start_m, offs_m, offs_n, hi_masked, NQ, NK,
+                                   qk_scale, CAUSAL, PRECISION)
+        # The group's next query head: the pointers walk (h·stride in 64
+        # bits inside the loop spilled 92 bytes in the TMA twin on sm_90,
+        # walking 8; triton 3.9 cross-compiled).
+        q_base += stride_qh
+        do_base += stride_doh
+        lse_base += NQ
+        delta_base += NQ
+    dk = dk * scale           # dS = scale * dS: applied once, at the end
+    # line 18: write dK_j, dV_j
+    dk_rows = DK + b * stride_dkb + hk * stride_dkh + keys * stride_dkn
+    dv_rows = DV + b * stride_dvb + hk * stride_dvh + keys * stride_dvn
+    kit.store_tile(dk_rows, key_ok, offs_d, D, dk)
+    kit.store_tile(dv_rows, key_ok, offs_d, D, dv)
 
 
 @triton.jit
 def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-            stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+            stride_vb, stride_vh, stride_vn,
+            stride_dob, stride_doh, stride_don,
             stride_dqb, stride_dqh, stride_dqn,
             qk_scale, scale, H, GROUP, NQ, NK, D,
-            CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))   # dQ_i of query block i ...
-    h, b = kit.unflatten(pid_bh, H)                    # ... of batch b, head h
+            CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    # dQ_i of this program's query block i, of batch b, head h
+    pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))
+    h, b = kit.unflatten(pid_bh, H)
     hk = h // GROUP
-    b, h, hk = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64)   # offsets in 64 bits (kit: Offsets)
+    # offsets in 64 bits (kit: Offsets)
+    b, h, hk = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = offs_m.to(tl.int64)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < NQ
-    q = kit.load_tile(Q + b * stride_qb + h * stride_qh + rows * stride_qn, row_ok, offs_d, D, UPCAST)
-    do = kit.load_tile(DO + b * stride_dob + h * stride_doh + rows * stride_don, row_ok, offs_d, D, UPCAST)
-    row_base = (b * H + h) * NQ                        # this head's row 0 in LSE and DELTA (B, H, NQ)
+    q_rows = Q + b * stride_qb + h * stride_qh + rows * stride_qn
+    do_rows = DO + b * stride_dob + h * stride_doh + rows * stride_don
+    q = kit.load_tile(q_rows, row_ok, offs_d, D, UPCAST)
+    do = kit.load_tile(do_rows, row_ok, offs_d, D, UPCAST)
+    row_base = (b * H + h) * NQ   # the head's row 0 in LSE, DELTA (B, H, NQ)
     lse = kit.load_lse2(LSE + row_base + offs_m, row_ok)
     delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
-    lo_masked, hi = kit.key_range(pid_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)   # the forward's
+    # the forward's key ranges
+    lo_masked, hi = kit.key_range(pid_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N,
+                                  CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k, v = kit.load_kv(k_base, v_base, offs_n, stride_kn, stride_vn, NK, offs_d, D, kit.MASKED, UPCAST)
+        k, v = kit.load_kv(k_base, v_base, offs_n, stride_kn, stride_vn, NK,
+                           offs_d, D, kit.MASKED, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        if start_n >= lo_masked:                       # a diagonal or ragged block: kit's mask
+        if start_n >= lo_masked:      # a diagonal or ragged block: kit's mask
             s = kit.mask_scores(s, offs_m, offs_n, NK, NK - NQ, CAUSAL)
         p = tl.math.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)          # line 15: dQ_i += dS K_j
+        # line 15: dQ_i += dS_ij K_j
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     dq = dq * scale
-    kit.store_tile(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn, row_ok, offs_d, D, dq)
+    dq_rows = DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn
+    kit.store_tile(dq_rows, row_ok, offs_d, D, dq)
 
 
 def grid_preprocess(B: int, H: int, NQ: int) -> tuple[int]:
     """The D preprocess's grid: one program per (batch·head, block of 64 query rows), flat.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/07b_backward_decoding.
 
     Tested in: tests/kernels/triton/test_triton_spec.py.
     """
@@ -152,7 +186,7 @@ def grid_preprocess(B: int, H: int, NQ: int) -> tuple[int]:
 def grid_dkdv(B: int, HKV: int, NK: int, block_n: int) -> tuple[int]:
     """The dK/dV kernel's grid: one program per (batch·kv head, key block), flat.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/07b_backward_decoding.
 
     Tested in: tests/kernels/triton/test_triton_spec.py.
     """
@@ -165,7 +199,7 @@ grid_dq = fwd_grid       # the dQ kernel's grid is the forward's: one program pe
 def smem_dkdv(cfg: Config, block_d: int, elem_bytes: int) -> int:
     """dK/dV's tiles: K, V and the P/dS tile resident; Q and dO streamed per pipeline stage.
 
-    Explained in: notebooks/07_triton."""
+    Explained in: notebooks/07b_backward_decoding."""
     return staged_bytes(cfg, elem_bytes, resident=2 * cfg.block_n * block_d + 2 * cfg.block_m * cfg.block_n,
                         streamed=2 * cfg.block_m * block_d)
 
@@ -173,7 +207,7 @@ def smem_dkdv(cfg: Config, block_d: int, elem_bytes: int) -> int:
 def smem_dq(cfg: Config, block_d: int, elem_bytes: int) -> int:
     """dQ's tiles: Q, dO and the dS tile resident; K and V streamed per pipeline stage.
 
-    Explained in: notebooks/07_triton."""
+    Explained in: notebooks/07b_backward_decoding."""
     return staged_bytes(cfg, elem_bytes, resident=2 * cfg.block_m * block_d + cfg.block_m * cfg.block_n,
                         streamed=2 * cfg.block_n * block_d)
 
@@ -208,7 +242,7 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
     ``dkdv_spec``: the dK/dV kernel, this file's or one with its arguments (the TMA dK/dV,
     :mod:`flashlib.kernels.triton.fa2_bwd_tma`).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/07b_backward_decoding.
     Tested in: tests/kernels/triton/test_triton_fa2_bwd.py.
     """
     B, H, NQ, D = q.shape

@@ -22,7 +22,7 @@
 #   interpreted on a CPU.
 """The FA2 backward with its dK/dV kernel through tensor descriptors (TMA on sm_90).
 
-Explained in: notebooks/07_triton (section "What Hopper adds")."""
+Explained in: notebooks/07c_hopper."""
 from __future__ import annotations
 
 import dataclasses
@@ -39,53 +39,67 @@ __all__ = ["backward", "DKDV_SPEC"]
 
 @triton.jit
 def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
-                  stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-                  stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
-                  stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                  stride_qb, stride_qh, stride_qn,
+                  stride_kb, stride_kh, stride_kn,
+                  stride_vb, stride_vh, stride_vn,
+                  stride_dob, stride_doh, stride_don,
+                  stride_dkb, stride_dkh, stride_dkn,
+                  stride_dvb, stride_dvh, stride_dvn,
                   qk_scale, scale, H, HKV, GROUP, NQ, NK, D,
-                  CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    pid_n, pid_bhk = kit.unflatten(tl.program_id(0), tl.cdiv(NK, BLOCK_N))   # line 5: key block j ...
-    hk, b = kit.unflatten(pid_bhk, HKV)                # ... of batch b, kv head hk
-    b, hk = b.to(tl.int64), hk.to(tl.int64)            # offsets in 64 bits (kit: Offsets)
+                  CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    # line 5: this program's key block j, of batch b, kv head hk
+    pid_n, pid_bhk = kit.unflatten(tl.program_id(0), tl.cdiv(NK, BLOCK_N))
+    hk, b = kit.unflatten(pid_bhk, HKV)
+    b, hk = b.to(tl.int64), hk.to(tl.int64)  # offsets in 64 bits (kit: Offsets)
     start_n = pid_n * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)           # (BLOCK_N,) key rows
+    offs_n = start_n + tl.arange(0, BLOCK_N)          # (BLOCK_N,) key rows
     offs_m0 = tl.arange(0, BLOCK_M)
-    k = kit.desc_2d(K + b * stride_kb + hk * stride_kh, NK, D, stride_kn, BLOCK_N, BLOCK_D).load([start_n, 0])
-    v = kit.desc_2d(V + b * stride_vb + hk * stride_vh, NK, D, stride_vn, BLOCK_N, BLOCK_D).load([start_n, 0])
+    k = kit.desc_2d(K + b * stride_kb + hk * stride_kh, NK, D, stride_kn,
+                    BLOCK_N, BLOCK_D).load([start_n, 0])
+    v = kit.desc_2d(V + b * stride_vb + hk * stride_vh, NK, D, stride_vn,
+                    BLOCK_N, BLOCK_D).load([start_n, 0])
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)      # line 7: dK_j = dV_j = 0 on chip
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    # Causal: query blocks before lo see none of key block j; those starting before hi_masked see part.
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # line 7: dK_j = dV_j = 0
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # on chip
+    # Causal: query blocks before lo see none of key block j; those starting
+    # before hi_masked see part of it.
     lo, hi_masked = kit.query_range(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
-    h = hk * GROUP                                     # the group's first query head: its Q, dO, LSE, D
+    h = hk * GROUP    # the group's first query head: its Q, dO, LSE, D
     q_base = Q + b * stride_qb + h * stride_qh
     do_base = DO + b * stride_dob + h * stride_doh
     lse_base = LSE + (b * H + h) * NQ
     delta_base = DELTA + (b * H + h) * NQ
-    for g in range(0, GROUP):                          # GQA: every query head reading kv head hk
+    for g in range(0, GROUP):       # GQA: every query head reading kv head hk
         q_desc = kit.desc_2d(q_base, NQ, D, stride_qn, BLOCK_M, BLOCK_D)
         do_desc = kit.desc_2d(do_base, NQ, D, stride_don, BLOCK_M, BLOCK_D)
-        for start_m in range(lo, NQ, BLOCK_M):         # line 8: for the query blocks i
-            q = q_desc.load([start_m, 0])              # Q_i, dO_i: one TMA copy each
+        for start_m in range(lo, NQ, BLOCK_M):   # line 8: the query blocks i
+            q = q_desc.load([start_m, 0])        # Q_i, dO_i: one TMA copy each
             do = do_desc.load([start_m, 0])
             if UPCAST:
                 q = q.to(tl.float32)
                 do = do.to(tl.float32)
-            dk, dv = kit.dkdv_step(dk, dv, q, do, k, v, lse_base, delta_base, start_m,
-                                   start_m + offs_m0, offs_n, hi_masked, NQ, NK, qk_scale, CAUSAL,
-                                   PRECISION)          # lines 9-16, version 2's own step
-        q_base += stride_qh                            # the next query head of the group, as version 2
+            # lines 9-16, version 2's own step
+            dk, dv = kit.dkdv_step(dk, dv, q, do, k, v, lse_base, delta_base,
+                                   start_m, start_m + offs_m0, offs_n,
+                                   hi_masked, NQ, NK, qk_scale, CAUSAL,
+                                   PRECISION)
+        # the next query head of the group, as version 2
+        q_base += stride_qh
         do_base += stride_doh
         lse_base += NQ
         delta_base += NQ
-    dk = dk * scale                                    # dS = scale * dS: applied once, at the end
-    kit.desc_2d(DK + b * stride_dkb + hk * stride_dkh, NK, D, stride_dkn, BLOCK_N, BLOCK_D).store(
-        [start_n, 0], dk.to(DK.dtype.element_ty))      # line 18: rows past NK are dropped
-    kit.desc_2d(DV + b * stride_dvb + hk * stride_dvh, NK, D, stride_dvn, BLOCK_N, BLOCK_D).store(
-        [start_n, 0], dv.to(DV.dtype.element_ty))
+    dk = dk * scale           # dS = scale * dS: applied once, at the end
+    # line 18: rows past NK are dropped
+    kit.desc_2d(DK + b * stride_dkb + hk * stride_dkh, NK, D, stride_dkn,
+                BLOCK_N, BLOCK_D).store([start_n, 0],
+                                        dk.to(DK.dtype.element_ty))
+    kit.desc_2d(DV + b * stride_dvb + hk * stride_dvh, NK, D, stride_dvn,
+                BLOCK_N, BLOCK_D).store([start_n, 0],
+                                        dv.to(DV.dtype.element_ty))
 
 
 # Version 2's dK/dV interface (arguments, grid, config table, shared memory), this file's kernel.
@@ -99,7 +113,7 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, config_dkdv: Co
     ValueError naming the argument); ValueError if :func:`flashlib.kernels.triton.fa2_fwd_tma.supported`
     refuses q, k, v or do.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/07c_hopper.
     Tested in: tests/kernels/triton/test_triton_fa2_bwd_tma.py.
     """
     check_tensors(q, k, v)

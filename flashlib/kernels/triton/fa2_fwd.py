@@ -37,41 +37,55 @@ __all__ = ["forward", "grid", "SPEC"]
 
 @triton.jit
 def _fwd_kernel(Q, K, V, O, LSE,
-                stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+                stride_qb, stride_qh, stride_qn, stride_kb, stride_kh,
+                stride_kn, stride_vb, stride_vh, stride_vn,
+                stride_ob, stride_oh, stride_on,
                 qk_scale, H, GROUP, NQ, NK, D,
-                CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))   # line 3: query block i ...
-    h, b = kit.unflatten(pid_bh, H)                   # ... of batch b, head h
-    hk = h // GROUP                                   # GQA: the kv head this query head reads
-    b, h, hk = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64)   # offsets in 64 bits (kit: Offsets)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query rows
-    rows = offs_m.to(tl.int64)                        # for their offsets: rows x stride can pass 2^31
-    offs_d = tl.arange(0, BLOCK_D)                    # (BLOCK_D,) head dim, padded to a power of 2
+                CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    # line 3: this program's query block i, of batch b, head h
+    pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))
+    h, b = kit.unflatten(pid_bh, H)
+    hk = h // GROUP                   # GQA: the kv head this query head reads
+    # offsets in 64 bits (kit: Offsets)
+    b, h, hk = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)   # (BLOCK_M,) query rows
+    rows = offs_m.to(tl.int64)        # rows x stride can pass 2^31: 64 bits
+    offs_d = tl.arange(0, BLOCK_D)    # (BLOCK_D,) head dim, padded to 2^k
     row_ok = offs_m < NQ
     q_rows = Q + b * stride_qb + h * stride_qh + rows * stride_qn
-    q = kit.load_tile(q_rows, row_ok, offs_d, D, UPCAST)      # line 4: Q_i (BLOCK_M, BLOCK_D)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)      # line 5: m_i = -inf, l_i = 0, O_i = 0
+    # line 4: Q_i (BLOCK_M, BLOCK_D)
+    q = kit.load_tile(q_rows, row_ok, offs_d, D, UPCAST)
+    # line 5: m_i = -inf, l_i = 0, O_i = 0
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
-    # line 6: the key blocks every row sees (no mask), then the diagonal / ragged ones (masked).
-    lo_masked, hi = kit.key_range(pid_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = kit.attend(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-                               0, lo_masked, NK, NK - NQ, D, qk_scale, BLOCK_N, kit.FULL, CAUSAL,
-                               UPCAST, PRECISION)
-    acc, l_i, m_i = kit.attend(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-                               lo_masked, hi, NK, NK - NQ, D, qk_scale, BLOCK_N, kit.MASKED, CAUSAL,
-                               UPCAST, PRECISION)
-    o, lse = kit.finish(acc, l_i, m_i)                        # lines 12-13: O_i, L_i (natural log)
-    kit.store_tile(O + b * stride_ob + h * stride_oh + rows * stride_on, row_ok, offs_d, D, o)   # 14
-    tl.store(LSE + (b * H + h) * NQ + offs_m, lse, mask=row_ok)                           # 15
+    # line 6: the key blocks every row sees (no mask), then the diagonal /
+    # ragged ones (masked).
+    lo_masked, hi = kit.key_range(pid_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N,
+                                  CAUSAL)
+    acc, l_i, m_i = kit.attend(acc, l_i, m_i, q, k_base, v_base,
+                               stride_kn, stride_vn, offs_m, offs_d,
+                               0, lo_masked, NK, NK - NQ, D, qk_scale,
+                               BLOCK_N, kit.FULL, CAUSAL, UPCAST, PRECISION)
+    acc, l_i, m_i = kit.attend(acc, l_i, m_i, q, k_base, v_base,
+                               stride_kn, stride_vn, offs_m, offs_d,
+                               lo_masked, hi, NK, NK - NQ, D, qk_scale,
+                               BLOCK_N, kit.MASKED, CAUSAL, UPCAST, PRECISION)
+    # lines 12-13: O_i, L_i (natural log)
+    o, lse = kit.finish(acc, l_i, m_i)
+    # lines 14-15: write O_i and L_i
+    o_rows = O + b * stride_ob + h * stride_oh + rows * stride_on
+    kit.store_tile(o_rows, row_ok, offs_d, D, o)
+    tl.store(LSE + (b * H + h) * NQ + offs_m, lse, mask=row_ok)
 
 
 def grid(B: int, H: int, NQ: int, block_m: int) -> tuple[int]:
-    """The forward's grid: one program per (batch·head, query block), flattened on axis 0.
+    """The forward's grid: one program per (batch·head, query block),
+    flattened on axis 0.
 
     Explained in: notebooks/07_triton.
 
@@ -96,16 +110,21 @@ SPEC = KernelSpec(
     config="fwd", smem=smem_estimate)
 
 
-def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, config: Config | None = None,
-            spec: KernelSpec | None = None, extra: dict | None = None, around=None):
-    """Launch the forward kernel: ``(o, lse)`` for ``q (B, H, Nq, d)``, ``k, v (B, Hkv, Nk, d)``.
+def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False,
+            config: Config | None = None, spec: KernelSpec | None = None,
+            extra: dict | None = None, around=None):
+    """Launch the forward kernel: ``(o, lse)`` for ``q (B, H, Nq, d)``,
+    ``k, v (B, Hkv, Nk, d)``.
 
-    Inputs are validated by :func:`flashlib.attention`; the last dim must be contiguous (stride 1),
-    other strides are passed to the kernel. ``lse`` is float32 ``(B, H, Nq)``, natural log.
-    ``config`` overrides the block sizes (tests use it to force several blocks on short sequences);
-    otherwise :func:`flashlib.kernels.triton.configs.launch` picks them for the device.
-    ``spec``: this file's kernel (None) or one with its arguments plus the constexprs ``extra`` gives,
-    each launch run as ``around(launch)`` (the TMA forward, :mod:`flashlib.kernels.triton.fa2_fwd_tma`).
+    Inputs are validated by :func:`flashlib.attention`; the last dim must be
+    contiguous (stride 1), other strides are passed to the kernel. ``lse``
+    is float32 ``(B, H, Nq)``, natural log. ``config`` overrides the block
+    sizes (tests use it to force several blocks on short sequences);
+    otherwise :func:`flashlib.kernels.triton.configs.launch` picks them for
+    the device. ``spec``: this file's kernel (None) or one with its
+    arguments plus the constexprs ``extra`` gives, each launch run as
+    ``around(launch)`` (the TMA forward,
+    :mod:`flashlib.kernels.triton.fa2_fwd_tma`).
 
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_fa2_fwd.py.
@@ -113,17 +132,21 @@ def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False, co
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]
     block_d = kit.block_d(D)
-    upcast, elem_bytes = tile_plan(q)        # fp32 tiles where fp16 ones fail (configs.upcast_tiles)
+    # fp32 tiles where fp16 ones fail (configs.upcast_tiles)
+    upcast, elem_bytes = tile_plan(q)
     o = torch.empty_like(q)
     lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
-    args = dict(Q=q, K=k, V=v, O=o, LSE=lse, qk_scale=kit.qk_scale(scale), H=H, GROUP=H // HKV, NQ=NQ,
-                NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d, UPCAST=upcast,
+    args = dict(Q=q, K=k, V=v, O=o, LSE=lse, qk_scale=kit.qk_scale(scale),
+                H=H, GROUP=H // HKV, NQ=NQ, NK=NK, D=D, CAUSAL=causal,
+                BLOCK_D=block_d, UPCAST=upcast,
                 PRECISION="tf32" if allow_tf32 else "ieee")
     if extra:
         args.update(extra)
     spec = SPEC if spec is None else spec
 
     def run(cfg):
-        return spec.launch(cfg, **args) if around is None else around(lambda: spec.launch(cfg, **args))
+        if around is None:
+            return spec.launch(cfg, **args)
+        return around(lambda: spec.launch(cfg, **args))
     launch(spec, q.device, block_d, elem_bytes, run, config)
     return o, lse

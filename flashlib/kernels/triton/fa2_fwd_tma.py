@@ -33,7 +33,7 @@
 #   runs in Triton's interpreter, which checks the descriptors' alignment rules too.
 """FlashAttention-2 forward through tensor descriptors (TMA on sm_90); warp specialization as an experiment.
 
-Explained in: notebooks/07_triton (section "What Hopper adds")."""
+Explained in: notebooks/07c_hopper."""
 from __future__ import annotations
 
 import contextvars
@@ -49,66 +49,92 @@ __all__ = ["forward", "supported", "descriptors_missing", "with_scratch", "SPEC"
 
 
 @triton.jit
-def _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, lo, hi, NK, offset, qk_scale,
-                 BLOCK_N: tl.constexpr, STAGE: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+def _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, lo, hi, NK,
+                 offset, qk_scale, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
+                 CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
                  PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """kit.attend with descriptor loads: Algorithm 1, lines 6-10, for the key blocks in [lo, hi).
-    A descriptor zero-fills keys past NK, so only the scores need a mask (MASKED stage), and causal,
-    the values: V NaNs the mask hides must not spread (kit.hide_nan_values, as kit.attend)."""
+    """kit.attend with descriptor loads: Algorithm 1, lines 6-10, for the key
+    blocks in [lo, hi). A descriptor zero-fills keys past NK, so only the
+    scores need a mask (MASKED stage), and causal, the values: V NaNs the
+    mask hides must not spread (kit.hide_nan_values, as kit.attend)."""
     offs_n = tl.arange(0, BLOCK_N)
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        k = k_desc.load([start_n, 0])                     # line 7: K_j (BLOCK_N, BLOCK_D), one TMA copy
-        v = v_desc.load([start_n, 0])                     #         V_j
+    for start_n in tl.range(lo, hi, BLOCK_N,
+                            warp_specialize=WARP_SPECIALIZE):
+        # line 7: K_j, V_j (BLOCK_N, BLOCK_D), one TMA copy each
+        k = k_desc.load([start_n, 0])
+        v = v_desc.load([start_n, 0])
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # line 8: S_ij, base 2
+        # line 8: S_ij, in base 2
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if STAGE == kit.MASKED:
-            s = kit.mask_scores(s, offs_m, start_n + offs_n, NK, offset, CAUSAL)
-            if CAUSAL:                                    # NaN rule: hidden V NaNs must not spread
-                v, row_nan = kit.hide_nan_values(v, offs_m, start_n + offs_n, offset)
-        m_i, l_i, acc = kit.softmax_step(m_i, l_i, acc, s, v, PRECISION, STAGE == kit.MASKED)
+            s = kit.mask_scores(s, offs_m, start_n + offs_n, NK, offset,
+                                CAUSAL)
+            if CAUSAL:        # NaN rule: hidden V NaNs must not spread ...
+                v, row_nan = kit.hide_nan_values(v, offs_m, start_n + offs_n,
+                                                 offset)
+        m_i, l_i, acc = kit.softmax_step(m_i, l_i, acc, s, v, PRECISION,
+                                         STAGE == kit.MASKED)
         if STAGE == kit.MASKED:
-            if CAUSAL:                                    # ... but a NaN a row sees makes it NaN
+            if CAUSAL:        # ... but a NaN a row sees makes it NaN
                 acc = tl.where(row_nan[:, None], float("nan"), acc)
     return acc, l_i, m_i
 
 
 @triton.jit
 def _fwd_tma_kernel(Q, K, V, O, LSE,
-                    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-                    stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+                    stride_qb, stride_qh, stride_qn,
+                    stride_kb, stride_kh, stride_kn,
+                    stride_vb, stride_vh, stride_vn,
+                    stride_ob, stride_oh, stride_on,
                     qk_scale, H, GROUP, NQ, NK, D,
-                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                     WARP_SPECIALIZE: tl.constexpr):
-    pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))   # line 3: query block i ...
-    h, b = kit.unflatten(pid_bh, H)                   # ... of batch b, head h
-    hk = h // GROUP                                   # GQA: the kv head this query head reads
-    b, h, hk = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64)   # offsets in 64 bits (kit: Offsets)
+    # line 3: this program's query block i, of batch b, head h
+    pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))
+    h, b = kit.unflatten(pid_bh, H)
+    hk = h // GROUP                   # GQA: the kv head this query head reads
+    # offsets in 64 bits (kit: Offsets)
+    b, h, hk = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)          # (BLOCK_M,) query rows
-    # One 2-D descriptor per tensor for this (batch, head): shape (N, D), so rows past N and columns
-    # past D read as 0 and are never written.
-    q_desc = kit.desc_2d(Q + b * stride_qb + h * stride_qh, NQ, D, stride_qn, BLOCK_M, BLOCK_D)
-    k_desc = kit.desc_2d(K + b * stride_kb + hk * stride_kh, NK, D, stride_kn, BLOCK_N, BLOCK_D)
-    v_desc = kit.desc_2d(V + b * stride_vb + hk * stride_vh, NK, D, stride_vn, BLOCK_N, BLOCK_D)
-    o_desc = kit.desc_2d(O + b * stride_ob + h * stride_oh, NQ, D, stride_on, BLOCK_M, BLOCK_D)
-    q = q_desc.load([start_m, 0])                     # line 4: Q_i (BLOCK_M, BLOCK_D)
+    # One 2-D descriptor per tensor for this (batch, head): shape (N, D), so
+    # rows past N and columns past D read as 0 and are never written.
+    q_desc = kit.desc_2d(Q + b * stride_qb + h * stride_qh, NQ, D, stride_qn,
+                         BLOCK_M, BLOCK_D)
+    k_desc = kit.desc_2d(K + b * stride_kb + hk * stride_kh, NK, D,
+                         stride_kn, BLOCK_N, BLOCK_D)
+    v_desc = kit.desc_2d(V + b * stride_vb + hk * stride_vh, NK, D,
+                         stride_vn, BLOCK_N, BLOCK_D)
+    o_desc = kit.desc_2d(O + b * stride_ob + h * stride_oh, NQ, D, stride_on,
+                         BLOCK_M, BLOCK_D)
+    q = q_desc.load([start_m, 0])         # line 4: Q_i (BLOCK_M, BLOCK_D)
     if UPCAST:
         q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)      # line 5: m_i = -inf, l_i = 0, O_i = 0
+    # line 5: m_i = -inf, l_i = 0, O_i = 0
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # line 6: the key blocks every row sees (no mask), then the diagonal / ragged ones (masked).
+    # line 6: the key blocks every row sees (no mask), then the diagonal /
+    # ragged ones (masked).
     lo_masked, hi = kit.key_range(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, lo_masked, NK, NK - NQ,
-                                 qk_scale, BLOCK_N, kit.FULL, CAUSAL, UPCAST, PRECISION, WARP_SPECIALIZE)
-    acc, l_i, m_i = _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, lo_masked, hi, NK, NK - NQ,
-                                 qk_scale, BLOCK_N, kit.MASKED, CAUSAL, UPCAST, PRECISION, WARP_SPECIALIZE)
-    o, lse = kit.finish(acc, l_i, m_i)                        # lines 12-13: O_i, L_i (natural log)
-    o_desc.store([start_m, 0], o.to(O.dtype.element_ty))     # line 14: rows past NQ are dropped
-    tl.store(LSE + (b * H + h) * NQ + offs_m, lse, mask=offs_m < NQ)                            # 15
+    acc, l_i, m_i = _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m,
+                                 0, lo_masked, NK, NK - NQ, qk_scale,
+                                 BLOCK_N, kit.FULL, CAUSAL, UPCAST,
+                                 PRECISION, WARP_SPECIALIZE)
+    acc, l_i, m_i = _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m,
+                                 lo_masked, hi, NK, NK - NQ, qk_scale,
+                                 BLOCK_N, kit.MASKED, CAUSAL, UPCAST,
+                                 PRECISION, WARP_SPECIALIZE)
+    # lines 12-13: O_i, L_i (natural log)
+    o, lse = kit.finish(acc, l_i, m_i)
+    # line 14: rows past NQ are dropped
+    o_desc.store([start_m, 0], o.to(O.dtype.element_ty))
+    # line 15
+    tl.store(LSE + (b * H + h) * NQ + offs_m, lse, mask=offs_m < NQ)
 
 
 # Version 1's interface (arguments, grid, config tables, shared memory) plus WARP_SPECIALIZE.
@@ -121,7 +147,7 @@ def descriptors_missing(version=None) -> str | None:
     triton 3.4 on (``tl.make_tensor_descriptor``, with ``triton.set_allocator`` for their scratch, which
     3.3 added). ``version``: a Triton version (None: the installed one, checked for both names too).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/07c_hopper.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     v = versions.parse(version) if version is not None else versions.installed()
@@ -146,7 +172,7 @@ def supported(q, k, v, do=None) -> str | None:
     start a multiple of 16 bytes, the base 16-byte aligned; rows that do not overlap (a 2-D descriptor
     per (batch, head) needs a row stride; batch and head strides may be 0, as in an expanded K/V).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/07c_hopper.
     Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
     """
     for t in (q, k, v, do):                         # plain loops: the backend asks on every call
@@ -183,7 +209,7 @@ def with_scratch(run):
     """``run()`` with :func:`_scratch` as Triton's allocator, in a copy of the current context: the
     caller's own allocator (triton.set_allocator keeps it in a ContextVar) is untouched afterwards.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/07c_hopper.
     Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
     """
     def inner():
@@ -201,7 +227,7 @@ def forward(q, k, v, *, causal: bool, scale: float, config: Config | None = None
     naming the argument), and ValueError if :func:`supported` refuses the tensors. ``warp_specialize``: ask Triton to
     warp-specialize the key loop (an experiment: triton 3.9 cannot for this loop, see the header).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/07c_hopper.
     Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
     """
     check_tensors(q, k, v)

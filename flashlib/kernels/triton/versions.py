@@ -9,7 +9,7 @@
 #   not built for); a fact that depends on the compiler is a function of its version, not a constant.
 # Limits: Triton's own version only; the driver and ptxas that ship with it are taken as they come.
 # Run: versions.describe(); versions.dot_needs_fp32_tiles("sm_75", "3.3.1").
-"""The Triton versions flashlib supports and what differs between them.  Explained in: notebooks/07_triton."""
+"""The Triton versions flashlib supports and what differs between them.  Explained in: notebooks/appendix_verification."""
 from __future__ import annotations
 
 import re
@@ -30,7 +30,7 @@ NEWEST_TESTED = (3, 9)
 def parse(version) -> tuple[int, int, int]:
     """``"3.3.1"`` (or ``"3.5.0+git1234"``, or a tuple) -> ``(3, 3, 1)``; ValueError otherwise.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     if isinstance(version, tuple):
@@ -48,7 +48,7 @@ def parse(version) -> tuple[int, int, int]:
 def installed() -> tuple[int, int, int]:
     """The version of the ``triton`` this process imported (importing it if need be).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     import triton
@@ -72,7 +72,7 @@ def check_supported(version=None) -> None:
     Newer releases than :data:`NEWEST_TESTED` are allowed (Triton keeps ``tl``'s API) and say they are
     untested in :func:`describe`. Called when :mod:`flashlib.kernels.triton` is imported.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     v = _version(version)
@@ -91,7 +91,7 @@ def mma_on_tensor_cores(arch: str, version=None) -> bool:
     3.3 on no (FFMA on CUDA cores: Triton dropped pre-Ampere MMA in 3.3, triton PR 5066; 3.4's path for
     sm_75 still emits FFMA).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     cc, v = _cc(arch), _version(version)
@@ -103,7 +103,7 @@ def bf16_compiles(arch: str, version=None) -> bool:
     on (up to 3.3 it fails to compile). flashlib still refuses bf16 below sm_80: no bf16 tensor cores
     there (see :func:`flashlib.kernels.triton.configs.check_dtype_arch`).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     cc, v = _cc(arch), _version(version)
@@ -116,7 +116,7 @@ def dot_needs_fp32_tiles(arch: str, version=None) -> bool:
     conversion from f16 to f16", ``RuntimeError: PassManager::run failed``; triton issue 6698, fixed
     in 3.4).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     cc, v = _cc(arch), _version(version)
@@ -126,7 +126,7 @@ def dot_needs_fp32_tiles(arch: str, version=None) -> bool:
 def has_tensor_descriptors(version=None) -> bool:
     """``tl.make_tensor_descriptor`` (the TMA kernels) exists from triton 3.4 on.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     v = _version(version)
@@ -136,7 +136,7 @@ def has_tensor_descriptors(version=None) -> bool:
 def dumps_ptxas_log(version=None) -> bool:
     """``TRITON_DUMP_PTXAS_LOG`` (ptxas -v printed at compile time) exists from triton 3.5 on.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     v = _version(version)
@@ -147,7 +147,7 @@ def astsource_takes_attrs_dict(version=None) -> bool:
     """``ASTSource(fn, signature, constexprs, attrs)`` with attrs ``{(i,): [["tt.divisibility", 16]]}``:
     the format of triton 3.3 on; up to 3.2 attrs is an ``AttrsDescriptor``.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     v = _version(version)
@@ -157,7 +157,7 @@ def astsource_takes_attrs_dict(version=None) -> bool:
 def describe(version=None) -> str:
     """One line: this Triton, whether it is tested, and what differs for it on a T4 (sm_75).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     v = _version(version)
