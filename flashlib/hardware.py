@@ -66,7 +66,7 @@ def flat_programs(*counts: int) -> int:
     """``prod(counts)``: the blocks of a one-axis grid, checked against CUDA's x limit (ValueError
     outside ``1 .. 2^31 - 1``; a tensor needing more would not fit in any GPU's memory).
 
-    Explained in: notebooks/07_triton and notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/test_hardware.py.
     """
@@ -155,7 +155,7 @@ def rehearse(name: str):
     what was rehearsed before on exit. ValueError for a name not in :data:`GPUS`, TypeError for a
     name that is not a str.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/test_rehearsal.py.
     """
     global _REHEARSAL
@@ -169,7 +169,7 @@ def rehearse(name: str):
 def rehearsing() -> CudaDevice | None:
     """The :class:`CudaDevice` that CPU tensors stand for (:func:`rehearse`), or None (no rehearsal).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/test_rehearsal.py.
     """
     return _REHEARSAL

@@ -28,7 +28,7 @@ __all__ = ["RehearsalError", "run_notebook", "main"]
 class RehearsalError(AssertionError):
     """A chapter's cell raised while a GPU was rehearsed: the cell, the GPU and the error, in one message.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/test_rehearsal.py.
     """
 
@@ -51,7 +51,7 @@ def run_notebook(path, gpu: str = "T4", *, skip=(), timeout: int = 900):
     that raises; ValueError for a GPU not in GPUS or a missing notebook; TypeError for a ``skip`` that is
     not a sequence of strings. Needs nbclient, nbformat and ipykernel.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/test_rehearsal.py.
     """
     from .. import hardware

@@ -108,7 +108,7 @@ TMA_DTYPES = ("fp16", "bf16")
 def triton_specs() -> tuple:
     """Every Triton kernel's KernelSpec (flashlib.kernels.triton.spec), in the report's order.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/tools/test_compile_report.py.
     """
     from ..kernels.triton import decode, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma
@@ -163,7 +163,7 @@ def dtype_refusal(dtype: str, arch: str, version: str) -> str | None:
     """Why flashlib refuses ``dtype`` on ``arch`` with this Triton before compiling anything
     (configs.check_dtype_arch: bfloat16 below sm_80), or None.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_matrix.py.
     """
     from ..kernels.triton import configs
@@ -178,7 +178,7 @@ def tile_bytes(dtype: str, arch: str, version: str) -> int:
     """The bytes per tile element the launcher budgets shared memory for (configs.tile_plan): 4 where
     fp16/bf16 tiles are loaded as fp32 (:func:`_upcast`), else the dtype's size.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_matrix.py.
     """
     return 4 if _upcast(dtype, arch, version) else ELEM_BYTES[dtype]
@@ -188,7 +188,7 @@ def kernel_refusal(spec, arch: str, dtype: str, version: str, block_d: int) -> s
     """Why flashlib refuses ``spec``'s kernel there before launching (configs.refusal, e.g. the fp16
     dK/dV at d > 128 on sm_75 with triton 3.3), or None.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_matrix.py.
     """
     from ..kernels.triton import configs
@@ -246,7 +246,7 @@ def matrix_jobs(version: str, arch: str, dtype: str, block_ds=MATRIX_HEAD_DIMS, 
     (its tiles, so its shared memory and registers, grow with the head dim), unless ``full`` (default:
     ``FLASHLIB_MATRIX=full`` in the environment) asks for every head dim.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_matrix.py.
     """
     from ..kernels.triton import configs
@@ -483,7 +483,7 @@ def triton_rows(archs=ARCHS, *, cache: bool = True, triton=None, dtypes=("fp16",
     private ``_sass`` excerpts: per arch and dtype, each kernel with the config the tables pick at
     d = 128 (none for a dtype that flashlib refuses on that arch, see :func:`dtype_refusal`).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/tools/test_compile_report.py.
     """
     archs, dtypes, version = _check_archs(archs), _check_dtypes(dtypes), _version(triton)
@@ -530,7 +530,7 @@ def compile_report(archs=ARCHS, *, cache: bool = True, triton=None, dtypes=REPOR
     Compiles in child processes (see the module docstring); the first call takes a few minutes on
     two cores, later calls read the cache.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/tools/test_compile_report.py.
     """
@@ -549,7 +549,7 @@ def compile_report(archs=ARCHS, *, cache: bool = True, triton=None, dtypes=REPOR
 def compilers(rows) -> str:
     """One line naming the compilers behind ``rows``: the report holds for these versions only.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/tools/test_compile_report.py.
     """
@@ -562,7 +562,7 @@ def sass_excerpt(kernel: str = "fa2_fwd", arch: str = "sm_80", *, dtype: str = "
     """A dozen SASS lines of ``kernel`` compiled for ``arch``, around its first tensor-core instruction
     (HMMA, HGMMA; on sm_75 with triton >= 3.3, where tl.dot has none, around its first FFMA).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/tools/test_compile_report.py.
     """
     for row in triton_rows((arch,), triton=triton, dtypes=(dtype,)):
@@ -576,7 +576,7 @@ def format_report(rows) -> str:
     CUDA C++ rows also show their ldmatrix (LDSM) counts, the Triton rows their TMA copies
     (UTMALDG/UTMASTG); both their cp.async copies (LDGSTS).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/tools/test_compile_report.py.
     """
     def wide(key, least):                           # a column as wide as its longest value
@@ -630,7 +630,7 @@ def matrix_rows(tritons=None, archs=ARCHS, dtypes=DTYPES, *, cache: bool = True,
     (:func:`dtype_refusal`'s reason) where flashlib refuses the dtype. Cached like the report (a row compiles
     once for both); the missing rows compile in ``workers`` child processes at a time.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_matrix.py.
     """
     from ..kernels.triton import versions
@@ -664,7 +664,7 @@ def matrix_table(rows) -> str:
     compiled and fit the arch's shared memory, the most bytes spilled, and how many (kernel, head dim)
     flashlib refuses before launching; or "refuses" (the dtype).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/triton/test_triton_matrix.py.
     """
     dtypes = [d for d in DTYPES if any(r.get("dtype") == d for r in rows)]

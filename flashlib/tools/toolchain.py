@@ -44,7 +44,7 @@ MMA_RE = re.compile(r"\b(" + "|".join(MMA_OPCODES) + r")\b")
 def cache_dir(*parts: str) -> pathlib.Path:
     """``$FLASHLIB_CACHE_DIR`` (default ``~/.cache/flashlib``), joined with ``parts`` and created.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     
     Tested in: tests/tools/test_toolchain.py.
     """
@@ -59,7 +59,7 @@ def locked(path):
     """An exclusive lock on the file ``path`` (created if missing) for the ``with`` block: other
     processes, and other threads that open it, wait. Without ``fcntl`` (not POSIX) there is no lock.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     
     Tested in: tests/tools/test_toolchain.py.
     """
@@ -81,7 +81,7 @@ def build_atomically(path, make) -> pathlib.Path:
     ``path``, which then replaces ``path`` in one ``os.replace`` — a reader never sees half a file, and a
     ``make`` that raises leaves nothing behind. Callers hold a :func:`locked` lock around it.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     
     Tested in: tests/tools/test_toolchain.py.
     """
@@ -103,7 +103,7 @@ def once(path, make, *, fresh: bool = False) -> pathlib.Path:
     ``fresh``), under the lock ``<path>.lock``: parallel test workers wait for one build instead of
     running two.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     
     Tested in: tests/tools/test_toolchain.py.
     """
@@ -121,7 +121,7 @@ def triton_bin() -> pathlib.Path | None:
     """The triton wheel's ``backends/nvidia/bin`` (ptxas, cuobjdump, nvdisasm), found without
     importing triton; None without triton.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     
     Tested in: tests/tools/test_toolchain.py.
     """
@@ -154,7 +154,7 @@ def find_tool(name: str, *, triton_first: bool = False) -> str | None:
     PATH; last in the triton wheel (:func:`triton_bin`). ``triton_first``: the wheel before PATH — the
     tools of the compiler that made a Triton cubin, so that they read it.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     
     Tested in: tests/tools/test_toolchain.py.
     """
@@ -178,7 +178,7 @@ def find_tool(name: str, *, triton_first: bool = False) -> str | None:
 def require_tool(name: str, purpose: str, *, triton_first: bool = False) -> str:
     """:func:`find_tool` or a RuntimeError naming the missing tool, what needs it and how to get it.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     
     Tested in: tests/tools/test_toolchain.py.
     """
@@ -194,7 +194,7 @@ def run_tool(name: str, *args, purpose: str, triton_first: bool = False) -> str:
     """The standard output of ``name args...``; RuntimeError naming a missing tool (:func:`require_tool`)
     or quoting the tool's errors when it fails.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     
     Tested in: tests/tools/test_toolchain.py.
     """
@@ -212,7 +212,7 @@ _VERSIONS: dict[str, str] = {}
 def tool_version(path: str) -> str:
     """What ``path --version`` prints (asked once per process): part of every build's cache key.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     
     Tested in: tests/tools/test_toolchain.py.
     """
@@ -226,7 +226,7 @@ def tool_label(name: str) -> str:
     """``"nvcc 13.0"``: the tool and its release, as a compile report names its compiler; ``"nvcc (not
     found)"`` without it.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     
     Tested in: tests/tools/test_toolchain.py.
     """
@@ -254,7 +254,7 @@ def parse_ptxas(log: str) -> dict[str, dict]:
     The properties of a device function that was not inlined (``Function properties for _Z6helperPfi``,
     printed after its caller's) are not the entry's.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     
     Tested in: tests/tools/test_toolchain.py.
     """
@@ -286,7 +286,7 @@ def count_mma(sass: str, pattern: re.Pattern = MMA_RE) -> dict[str, int]:
     """Tensor-core instructions (:data:`MMA_OPCODES`) per function of ``cuobjdump -sass`` output — or
     the instructions ``pattern`` matches (e.g. ``re.compile(r"\bLDSM\b")``).
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     
     Tested in: tests/tools/test_toolchain.py.
     """

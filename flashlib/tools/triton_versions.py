@@ -32,7 +32,7 @@ def installed_version() -> str | None:
     """The version of the ``triton`` installed in this environment (read from its metadata, not
     imported), or None without one.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/tools/test_compile_report.py.
     """
     try:
@@ -58,7 +58,7 @@ def _check(version) -> str:
 def folder(version: str) -> pathlib.Path:
     """Where :func:`ensure` installs ``triton==version``: ``<cache>/triton/<version>``.
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/tools/test_compile_report.py.
     """
     return toolchain.cache_dir("triton") / _check(version)
@@ -71,7 +71,7 @@ def ensure(version: str) -> pathlib.Path | None:
 
     RuntimeError quoting pip's errors if the install fails (no network, no wheel for this Python).
 
-    Explained in: notebooks/07_triton.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/tools/test_compile_report.py.
     """
     version = _check(version)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 
 from ...validation import (check_cache_seqlens, check_num_splits, check_scale, check_tensors,
                            lengths_as_int32)
@@ -28,7 +29,8 @@ from ...tools import toolchain
 from . import build, launch
 from .launch import EmulatorError, LaunchSpec
 
-__all__ = ["forward", "backward", "backward_supported", "decode", "pick_version", "compile_rows", "compile_configs", "prebuild", "source", "SOURCES", "ARCHS",
+__all__ = ["forward", "backward", "backward_supported", "decode", "pick_version", "compile_rows",
+           "compile_configs", "prebuild", "source", "excerpt", "SOURCES", "ARCHS",
            "LaunchSpec", "EmulatorError", "build", "launch"]
 
 SOURCES = {"v1": "fa2_fwd_v1_scalar.cu", "v2": "fa2_fwd_v2_wmma.cu", "v3": "fa2_fwd_v3_mma.cu",
@@ -41,30 +43,230 @@ _MIN_SM_BF16 = {"v2": ((8, 0), "WMMA has no bf16 before Ampere"),
                 "v3": ((8, 0), "mma.sync m16n8k16 with bf16 needs Ampere")}
 
 
-def source(version: str):
-    """The CUDA source of ``version`` ("v1", "v2", "v3" or "decode"): an IPython Code object in a notebook
-    (its header's "Explained in" / "Tested in" lines left out, as :func:`flashlib.show` leaves them out).
+def source(version: str, function: str | None = None, *more: str, fold=()):
+    """The CUDA source of ``version`` ("v1", "v2", "v3", "decode" or "bwd"), or of functions in it.
+
+    With no ``function``: the whole file (its header's "Explained in" / "Tested in" lines left out,
+    as :func:`flashlib.show` leaves them out). With ``function``, the name of a ``__global__`` kernel
+    or a ``__device__`` helper of that file: its definition alone, found by brace matching, with the
+    ``template`` line and the comment lines right above it. ``more`` names further functions that
+    follow in the same listing (a kernel and the helpers it calls, read in one place); a name also
+    in ``fold`` is shown folded, its signature a click away. Returns a
+    :class:`flashlib.display.Listing` highlighted as CUDA; its text (``str``, ``.data``) is the
+    whole source shown, folded parts included.
 
     Explained in: notebooks/08_cuda.
 
-    Tested in: tests/kernels/cuda/test_cuda_kernels.py.
+    Tested in: tests/kernels/cuda/test_cuda_source.py.
     """
+    text = _file_text(version)
+    names = ((function,) if function is not None else ()) + more
+    fold = (fold,) if isinstance(fold, str) else tuple(fold)
+    if function is None:
+        if more or fold:
+            raise ValueError("more and fold need a function: source(version, function, *more)")
+        return _CudaListing([(text, False, None)])
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            what = "function" if i == 0 else f"more[{i - 1}]"
+            raise TypeError(f"{what} must be a str (a function name), got {type(name).__name__}")
+    unknown = [f for f in fold if f not in names]
+    if unknown:
+        raise ValueError(f"fold must name functions that are shown, got {unknown[0]!r}")
+    parts = []
+    for name in names:
+        body, signature = function_source(text, name, where=SOURCES[version])
+        parts.append((body, name in fold, signature))
+    return _CudaListing(parts)
+
+
+def excerpt(version: str, start: str, end: str | None = None):
+    """The lines of ``version``'s file from the first that contains ``start`` up to, not including,
+    the next that contains ``end`` (with ``end`` None: to the end of the block ``start`` opens, found
+    by brace matching), dedented: the part of a long kernel the prose discusses. A
+    :class:`flashlib.display.Listing` highlighted as CUDA.
+
+    Explained in: notebooks/08b_v3_registers.
+
+    Tested in: tests/kernels/cuda/test_cuda_source.py.
+    """
+    if not isinstance(start, str) or not (end is None or isinstance(end, str)):
+        raise TypeError("start and end must be str (end may be None)")
+    text = _file_text(version)
+    lines = text.splitlines(True)
+    first = next((n for n, line in enumerate(lines) if start in line), None)
+    if first is None:
+        raise ValueError(f"start {start!r} is not in {SOURCES[version]}")
+    if end is None:
+        offset = sum(len(line) for line in lines[:first])
+        brace = _code_index(text, "{", offset)
+        if brace < 0:
+            raise ValueError(f"no block opens at {start!r} in {SOURCES[version]}")
+        close = _matching_brace(text, brace)
+        last = text.count("\n", 0, close) + 1
+    else:
+        last = next((n for n in range(first + 1, len(lines)) if end in lines[n]), None)
+        if last is None:
+            raise ValueError(f"end {end!r} does not follow {start!r} in {SOURCES[version]}")
+    part = lines[first:last]
+    # dedent, ignoring preprocessor lines (`#pragma unroll` sits at column 0 inside a loop)
+    cut = min((len(ln) - len(ln.lstrip(" ")) for ln in part if ln.strip() and not ln.startswith("#")),
+              default=0)
+    part = [ln[cut:] if ln[:cut].strip() == "" else ln for ln in part]
+    return _CudaListing([("".join(part), False, None)])
+
+
+def _file_text(version) -> str:
     if version not in SOURCES:
         raise ValueError(f"version must be one of {sorted(SOURCES)}, got {version!r}")
     from ...display import _without_comment_pointers   # the header's pointers are for maintainers
-    text = _without_comment_pointers((build.CSRC / SOURCES[version]).read_text())
-    try:
-        from IPython.display import Code
-    except ImportError:  # pragma: no cover
-        return text
-    return Code(text, language="cuda")
+    return _without_comment_pointers((build.CSRC / SOURCES[version]).read_text())
+
+
+def _skip(text: str, i: int) -> int:
+    """The index after a comment or a string/char literal starting at ``i``, or ``i`` if none does."""
+    if text.startswith("//", i):
+        j = text.find("\n", i)
+        return len(text) if j < 0 else j
+    if text.startswith("/*", i):
+        j = text.find("*/", i + 2)
+        return len(text) if j < 0 else j + 2
+    if text[i] in "\"'":
+        j = i + 1
+        while j < len(text) and text[j] != text[i]:
+            j += 2 if text[j] == "\\" else 1
+        return j + 1
+    return i
+
+
+def _code_index(text: str, char: str, i: int) -> int:
+    """The first ``char`` at or after ``i`` outside comments and literals, or -1."""
+    while i < len(text):
+        j = _skip(text, i)
+        if j != i:
+            i = j
+        elif text[i] == char:
+            return i
+        else:
+            i += 1
+    return -1
+
+
+def _matching_brace(text: str, i: int) -> int:
+    """The index of the bracket closing the one at ``i`` (``(`` or ``{``), skipping comments."""
+    open_, close = text[i], {"(": ")", "{": "}"}[text[i]]
+    depth = 0
+    while i < len(text):
+        j = _skip(text, i)
+        if j != i:
+            i = j
+            continue
+        depth += (text[i] == open_) - (text[i] == close)
+        if depth == 0:
+            return i
+        i += 1
+    raise ValueError(f"unbalanced {open_!r} in the CUDA source")
+
+
+def function_source(text: str, name: str, where: str = "the source") -> tuple[str, str]:
+    """``(definition, signature line)`` of the ``__global__`` or ``__device__`` function ``name`` in
+    ``text`` (CUDA C++): from its ``template``/``extern`` line, with the comment lines right above,
+    to its closing brace, found by brace matching; declarations without a body are passed over.
+    The first definition is taken; a ValueError names ``where`` if there is none.
+
+    Explained in: notebooks/08_cuda.
+
+    Tested in: tests/kernels/cuda/test_cuda_source.py.
+    """
+    if not isinstance(text, str) or not isinstance(name, str):
+        raise TypeError("text and name must be str")
+    if not re.fullmatch(r"[A-Za-z_]\w*", name):
+        raise ValueError(f"name must be a C++ identifier, got {name!r}")
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]
+    for m in re.finditer(rf"\b{name}\s*(?:<[^<>;{{}}()]*>\s*)?\(", text):
+        if _skip_context(text, m.start()):
+            continue                                  # inside a comment or literal
+        paren = m.end() - 1
+        close = _matching_brace(text, paren)
+        k = close + 1                                 # after the parameters: qualifiers, then { or ;
+        while k < len(text) and text[k] not in "{;=)":
+            k = _skip(text, k) if _skip(text, k) != k else k + 1
+        if k >= len(text) or text[k] != "{":
+            continue                                  # a declaration or a call
+        line = text.count("\n", 0, m.start())
+        head = line                                   # the lines of the declaration before the name
+        while head > 0:
+            prev = text[starts[head - 1]:starts[head]].strip()
+            if prev and not prev.startswith(("//", "#")) and not prev.endswith((";", "}", "{", ")")) \
+                    or prev.startswith("template") or "__global__" in prev:
+                head -= 1
+            else:
+                break
+        decl = text[starts[head]:m.start()]
+        if "__global__" not in decl and "__device__" not in decl:
+            continue                                  # not a kernel or device function (a call)
+        signature = " ".join(text[starts[head]:paren].split()) + "(…)"
+        while head > 0 and text[starts[head - 1]:starts[head]].lstrip().startswith("//"):
+            head -= 1                                 # its comment
+        end = text.find("\n", _matching_brace(text, k))
+        body = text[starts[head]:len(text) if end < 0 else end + 1]
+        return body, signature
+    raise ValueError(f"no __global__ or __device__ function {name!r} defined in {where}")
+
+
+def _skip_context(text: str, i: int) -> bool:
+    """Whether index ``i`` of ``text`` lies inside a comment or a literal."""
+    j = 0
+    while j < i:
+        k = _skip(text, j)
+        if k != j:
+            if k > i:
+                return True
+            j = k
+        else:
+            j += 1
+    return False
+
+
+def _listing_class():
+    from ...display import Listing
+
+    class CudaListing(Listing):
+        """A :class:`flashlib.display.Listing` of CUDA parts; a folded part's summary is its
+        function's signature rather than its first line (often a comment)."""
+
+        def __init__(self, parts):
+            super().__init__([(t, f) for t, f, _ in parts], language="cuda")
+            self.signatures = [s for _, _, s in parts]
+
+        def _repr_html_(self) -> str:
+            import html as _html
+            from pygments import highlight
+            from pygments.formatters import HtmlFormatter
+            from pygments.lexers import get_lexer_by_name
+            lexer, out = get_lexer_by_name("cuda"), []
+            for (text, folded), signature in zip(self.parts, self.signatures):
+                block = highlight(text, lexer, HtmlFormatter(cssclass="highlight"))
+                if folded:
+                    n = len(text.splitlines())
+                    summary = _html.escape(f"{signature} … ({n} lines, click to open)", quote=False)
+                    block = (f'<details class="flashbook-fold"><summary>{summary}</summary>'
+                             f"{block}</details>")
+                out.append(block)
+            return "\n".join(out)
+
+    return CudaListing
+
+
+def _CudaListing(parts):
+    return _listing_class()(parts)
 
 
 def prebuild(versions=("v1", "v2", "v3", "decode"), sanitizers=(None,)):
     """Build the emulator executables for ``versions`` x ``sanitizers`` now, in parallel (g++ runs
     take seconds each; later calls find them in the cache). Returns their paths.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_kernels.py.
     """
@@ -113,7 +315,7 @@ def pick_version(dtype: str, version=None, capability=None) -> str:
 
     Raises TypeError naming the dtype or GPU a version cannot take, ValueError for an unknown version.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/08b_v3_registers.
 
     Tested in: tests/kernels/cuda/test_cuda_v3.py.
     """
@@ -214,7 +416,7 @@ def backward_supported(q) -> str | None:
     """None where :func:`backward` takes ``q``'s dtype, head dim and GPU; else why not (float32, d > 128,
     a GPU before sm_75, bfloat16 before sm_80) — the CUDA backend then takes another backward.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/08c_backward_decoding.
     Tested in: tests/kernels/cuda/test_cuda_bwd.py.
     """
     refusal = _backward_refusal(q)
@@ -291,7 +493,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, num_splits, scale=None, causal
     Returns:
         ``o`` like q, ``lse (B, H, Nq)`` float32.
 
-    Explained in: notebooks/08_cuda (and notebooks/06_flash_decoding for the algorithm).
+    Explained in: notebooks/08c_backward_decoding (and notebooks/06_flash_decoding for the algorithm).
 
     Tested in: tests/kernels/cuda/test_cuda_kernels.py.
     """
@@ -330,7 +532,7 @@ def compile_configs():
     256, v3 also at d = 32 (its smallest head-dim bucket), the backward ("bwd": delta, dK/dV, dQ) at
     d = 64 and 128, decode at d = 128.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/cuda/test_cuda_compile.py.
     """
     out = [("v3", s) for dt in ("f16", "bf16") for s in launch.v3_launch(1, 1, 1, 128, 128, 32, 1.0, True, dt)]
@@ -360,7 +562,7 @@ def compile_rows(archs=ARCHS) -> list[dict]:
     those kernels compile to nothing, or to a ``__trap()``). Raises RuntimeError naming the tool when nvcc
     or cuobjdump is missing.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_compile.py.
     """

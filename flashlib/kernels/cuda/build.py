@@ -67,7 +67,7 @@ def cu_constant(source, name: str) -> int:
         ValueError naming the file and the constant when the source declares it not once, or not as an
         integer literal.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
@@ -114,7 +114,7 @@ def includes(text: str) -> list[tuple[str, bool]]:
     """``(name, quoted)`` for every ``#include`` line of ``text``: ``quoted`` for ``"name"``, False
     for ``<name>``.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
@@ -126,7 +126,7 @@ def local_includes(text: str) -> list[str]:
     forward v3 file that the backward builds on): part of every cache key, so that editing an included
     file rebuilds everything that includes it.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/cuda/test_cuda_bwd.py.
     """
     seen, out, todo = set(), [], [text]
@@ -169,7 +169,7 @@ def emulator_binary(source, sanitizer: str | None = None) -> pathlib.Path:
     Returns:
         The executable's path. Raises RuntimeError with g++'s diagnostics if the source does not compile.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/cuda/test_cuda_emulator.py.
     """
     if sanitizer not in SANITIZERS:
@@ -217,7 +217,7 @@ def nvcc_cubin(source, arch: str) -> pathlib.Path:
     find, to build the kernels (nvcc knows where its own headers are). Raises RuntimeError naming a
     missing nvcc or quoting its errors.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
@@ -245,7 +245,7 @@ def nvcc_usage(source, arch: str) -> dict[str, dict]:
     HGMMA/HMMA on sm_90), ldmatrix (LDSM) and cp.async (LDGSTS). Cached as JSON by (source, arch, nvcc version). Raises RuntimeError naming a
     missing tool or quoting nvcc's errors.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_compile.py.
     """

@@ -104,7 +104,7 @@ def mma_layout() -> dict:
     register ``e // 2``, low half first). Needs g++; raises EmulatorError if the probe fails and
     RuntimeError if the emulator's layout is not one-to-one. The arrays are copies: safe to modify.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/08b_v3_registers.
     Tested in: tests/kernels/cuda/test_cuda_fragments.py.
     """
     return {name: table.copy() for name, table in _layout().items()}
@@ -128,7 +128,7 @@ def smem_traffic(version: str, d: int) -> tuple[int, int, dict]:
     Not counted: the copies of Q, K and V from global into shared memory (one per tile per block, not
     per warp) and the once-per-block work (zeroing O, staging the output).
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/08b_v3_registers.
     Tested in: tests/kernels/cuda/test_cuda_counts.py.
     """
     if version not in ("v2", "v3"):

@@ -130,15 +130,19 @@ def v1_tile(d: int) -> tuple[int, int]:
 
 
 def v1_launch(b, h, hkv, nq, nk, d, scale, causal) -> list[LaunchSpec]:
-    """v1 (``fa2_fwd_v1_f32``): one block per (BR query rows, head, batch), one thread per row.
+    """v1 (``fa2_fwd_v1_f32``): one block per (BR query rows, head, batch),
+    one thread per row.
 
-    The grid is 1-D: blockIdx.x = (batch * H + head) * tiles + tile, with tiles = ceil(nq / BR).
+    The grid is 1-D: blockIdx.x = (batch * H + head) * tiles + tile, with
+    tiles = ceil(nq / BR).
 
     Explained in: notebooks/08_cuda.
     Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
     br, smem = v1_tile(d)
-    return [LaunchSpec("fa2_fwd_v1_scalar.cu", "fa2_fwd_v1_f32", flat_grid(_cdiv(nq, br), h, b), (br, 1, 1), smem,
+    grid = flat_grid(_cdiv(nq, br), h, b)        # (tiles * H * B, 1, 1)
+    return [LaunchSpec("fa2_fwd_v1_scalar.cu", "fa2_fwd_v1_f32", grid,
+                       (br, 1, 1), smem,
                        _forward_args(h, hkv, nq, nk, d, scale, causal),
                        f"d={d} BR={br} BC={V1_BC}")]
 
@@ -194,7 +198,7 @@ def v3_launch(b, h, hkv, nq, nk, d, scale, causal, dtype: str) -> list[LaunchSpe
     """v3 (``fa2_fwd_v3_<dtype>_d<D>``): one block of V3_WARPS warps (16 query rows each) per Q tile,
     1-D grid indexed as v1's; the kernel's D is the head-dim bucket :func:`v3_tile` picks.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/08b_v3_registers.
     Tested in: tests/kernels/cuda/test_cuda_v3.py.
     """
     dim, br, bc, smem = v3_tile(d)
@@ -211,7 +215,7 @@ def bwd_tile(d: int) -> tuple[int, int, int, int, int]:
     of BQ query rows of Q and dO (with their LSE and D_i in fp32), the dQ kernel 64 query rows of Q and
     dO and a tile of BKV keys of K and V; all 16-bit, swizzled, no padding.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/08c_backward_decoding.
     Tested in: tests/kernels/cuda/test_cuda_bwd.py.
     """
     dim = _bucket(d, BWD_HEAD_DIMS, "the CUDA backward")
@@ -230,7 +234,7 @@ def bwd_launch(b, h, hkv, nq, nk, d, scale, causal, dtype: str) -> list[LaunchSp
     ``fa2_bwd_v1_dq_<dtype>_d<D>`` (a block per 64 query rows). Buffers: q, k, v, o, do, lse (in);
     delta (fp32 scratch); dq, dk, dv (out). A launch with no blocks (Nk = 0: no dK/dV rows) is left out.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/08c_backward_decoding.
     Tested in: tests/kernels/cuda/test_cuda_bwd.py.
     """
     dim, bq, bkv, dkdv_smem, dq_smem = bwd_tile(d)
@@ -262,7 +266,7 @@ def decode_launch(b, h, hkv, nq, nmax, d, scale, causal, num_splits, dtype: str)
     ``lse_parts (S, B, H, nq)`` in fp32. Combine kernel: one block per output row,
     blockIdx.x = (batch * H + head) * nq + query, DECODE_THREADS threads over d.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/08c_backward_decoding.
     Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
     smem = (d + DECODE_THREADS // 32 * (d + 2)) * 4
@@ -284,7 +288,7 @@ def decode_launch(b, h, hkv, nq, nmax, d, scale, causal, num_splits, dtype: str)
 class EmulatorError(RuntimeError):
     """The emulator (or a sanitizer inside it) stopped a launch; ``report`` holds its stderr.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/cuda/test_cuda_kernels.py.
     """
 
@@ -342,7 +346,7 @@ def run_emulated(specs, buffers: dict, outputs, *, sanitizer=None, source=None, 
     Raises:
         EmulatorError: the child failed; the message quotes the first lines of its report.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/cuda/test_cuda_kernels.py.
     """
     import torch
@@ -407,7 +411,7 @@ def nvrtc_options(dirs) -> tuple[str, ...]:
     CUDA header dirs ``dirs`` (:func:`_include_dirs`). One definition, also used by the CPU test that
     compiles every kernel with NVRTC (tests/kernels/cuda/test_cuda_nvrtc.py).
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
     Tested in: tests/kernels/cuda/test_cuda_nvrtc.py.
     """
     return ("-std=c++17", f"-I{build.CSRC}", *(f"-I{d}" for d in dirs))
@@ -504,7 +508,7 @@ def to_cupy(cupy, t):
     the detached tensor shares ``t``'s storage, so what a kernel writes lands in the caller's tensor.
     2-byte dtypes are passed as int16 (CuPy has no bfloat16; the kernel reads the same bytes).
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
@@ -536,7 +540,7 @@ def run_gpu(specs, buffers: dict) -> dict:
     stream wait for its own when the two differ. Converting first (on CuPy's default, the legacy
     stream) made every call synchronise with the legacy stream, which CUDA-graph capture forbids.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_launch.py, tests/gpu/test_cuda_gpu.py.
     """

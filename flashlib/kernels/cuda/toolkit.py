@@ -47,7 +47,7 @@ PREFIXES = ("/usr/local/cuda", "/usr/local/cuda-*", "/opt/cuda", "/usr")
 class Candidate:
     """One place tried: where it came from, its include dirs, and what it lacks (empty: it qualifies).
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_launch.py.
     """
@@ -65,7 +65,7 @@ def required_headers(sources=None) -> tuple[str, ...]:
 
     ``sources``: paths of ``.cu`` files (default: every file in ``flashlib/kernels/cuda/csrc``).
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
@@ -83,7 +83,7 @@ def missing_headers(dirs, headers=None) -> tuple[str, ...]:
     ``<nv/target>``) are left to the compiler: NVRTC provides them or the headers skip them under
     ``__CUDACC_RTC__``. Returns names such as ``"crt/mma.h (included by mma.h)"``; empty when complete.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
@@ -165,7 +165,7 @@ def candidates(env=None, *, prefixes=PREFIXES, site_dirs=None, cupy_cuda_path=_c
         site_dirs: folders that may hold NVIDIA's ``nvidia/`` wheels (default ``sys.path``).
         cupy_cuda_path: a function returning CuPy's CUDA path or None.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
@@ -192,7 +192,7 @@ def search(env=None, *, headers=None, stop=True, **where) -> list[Candidate]:
     """Try :func:`candidates` in order; returns a :class:`Candidate` per place tried, up to and
     including the first complete one (all of them with ``stop=False``). ``where``: as :func:`candidates`.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
@@ -210,7 +210,7 @@ def search(env=None, *, headers=None, stop=True, **where) -> list[Candidate]:
 def find_include_dirs(env=None, **kw) -> list[pathlib.Path] | None:
     """The ``-I`` directories of the first complete candidate (one dir, or a wheel set), or None.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """
@@ -221,7 +221,7 @@ def find_include_dirs(env=None, **kw) -> list[pathlib.Path] | None:
 def explain(tried) -> str:
     """One line per :class:`Candidate` tried: where, which dirs, what it lacks.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/test_ops.py.
     """
@@ -239,7 +239,7 @@ def not_found_error(tried, headers=None) -> RuntimeError:
     """The RuntimeError for "no include directory qualifies and there is no nvcc": the headers the
     kernels need, every place tried with what it lacked, and how to fix it.
 
-    Explained in: notebooks/08_cuda.
+    Explained in: notebooks/appendix_verification.
 
     Tested in: tests/kernels/cuda/test_cuda_toolkit.py.
     """

@@ -131,8 +131,8 @@ def planted(old, new, name):
 
 def test_planted_missing_delta_gives_wrong_dk_and_dq():
     """dS = P ∘ dP, forgetting FlashAttention's rowsum(dO ∘ O) term: dV stays right, dK is wrong."""
-    bug = planted("dp[n][i] = s[n][i] * (dp[n][i] - dlt_s[8 * n + 2 * t + (i & 1)]);",
-                  "dp[n][i] = s[n][i] * dp[n][i];", "bwd_bug_no_delta")
+    bug = planted("s[n][i] * (dp[n][i] - dlt_s[8 * n + 2 * t + (i & 1)]);",
+                  "s[n][i] * dp[n][i];", "bwd_bug_no_delta")
     q, k, v, do, o, lse = make(1, 2, 1, 40, 50, 64, torch.float16, False, seed=7)
     dq, dk, dv = run_bwd(q, k, v, do, o, lse, False, source=bug)
     _, _, (rdq, rdk, rdv) = testing.reference_gqa(q, k, v, do=do)
@@ -150,8 +150,8 @@ def test_planted_untransposed_operand_gives_a_wrong_result():
 
 def test_planted_missing_barrier_before_the_next_query_tile_is_a_race():
     """Without the barrier at the top of the query loop, a fast warp overwrites Q_i while another reads it."""
-    bug = planted("            __syncthreads();                         // every warp is done with the previous Q_i, dO_i\n",
-                  "", "bwd_bug_race")
+    bug = planted("            // every warp is done with the previous Q_i, dO_i\n"
+                  "            __syncthreads();\n", "", "bwd_bug_race")
     q, k, v, do, o, lse = make(1, 1, 1, 130, 64, 64, torch.float16, False, seed=9)
     with pytest.raises(EmulatorError, match="ThreadSanitizer: data race"):
         run_bwd(q, k, v, do, o, lse, False, source=bug, sanitizer="thread")

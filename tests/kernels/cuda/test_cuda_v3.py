@@ -159,10 +159,10 @@ def planted(old, new, name):
 
 def test_planted_wrong_fragment_order_of_p_gives_a_wrong_result():
     """P's A fragment with a[1] and a[2] swapped (rows g+8 <-> columns 8-15): finite, wrong."""
-    bug = planted("const uint32_t a[4] = {Ops<T>::pack(s[2 * kk][0], s[2 * kk][1]), Ops<T>::pack(s[2 * kk][2], s[2 * kk][3]),\n"
-                  "                                       Ops<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),",
-                  "const uint32_t a[4] = {Ops<T>::pack(s[2 * kk][0], s[2 * kk][1]), Ops<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),\n"
-                  "                                       Ops<T>::pack(s[2 * kk][2], s[2 * kk][3]),", "v3_bug_p_fragment")
+    bug = planted("    Ops<T>::pack(s[2 * kk][2], s[2 * kk][3]),\n"
+                  "                    Ops<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),",
+                  "    Ops<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),\n"
+                  "                    Ops<T>::pack(s[2 * kk][2], s[2 * kk][3]),", "v3_bug_p_fragment")
     q, k, v = make(1, 1, 1, 20, 40, 32, torch.float16, seed=7)
     o, _ = run_v3(q, k, v, False, source=bug)
     ro, _ = testing.reference_gqa(q, k, v)
@@ -171,8 +171,10 @@ def test_planted_wrong_fragment_order_of_p_gives_a_wrong_result():
 
 def test_planted_wrong_ldmatrix_row_for_k_gives_a_wrong_result():
     """K's ldmatrix rows taken from the wrong 8 keys (lane >> 3 instead of lane >> 4)."""
-    bug = planted("at<T, D>(k_s, 8 * n + (lane & 7) + 8 * (lane >> 4), kk + 8 * ((lane >> 3) & 1))",
-                  "at<T, D>(k_s, 8 * n + (lane & 7) + 8 * ((lane >> 3) & 1), kk + 8 * (lane >> 4))", "v3_bug_k_rows")
+    bug = planted("kr = 8 * n + (lane & 7) + 8 * (lane >> 4);\n"
+                  "                    const int kc = kk + 8 * ((lane >> 3) & 1);",
+                  "kr = 8 * n + (lane & 7) + 8 * ((lane >> 3) & 1);\n"
+                  "                    const int kc = kk + 8 * (lane >> 4);", "v3_bug_k_rows")
     q, k, v = make(1, 1, 1, 20, 40, 32, torch.float16, seed=8)
     o, _ = run_v3(q, k, v, False, source=bug)
     assert testing.max_error(o.double(), testing.reference_gqa(q, k, v)[0]) > 0.05
@@ -203,8 +205,8 @@ def test_the_swizzle_makes_every_ldmatrix_conflict_free(d):
 
 def test_planted_missing_wait_before_s_reads_stale_tiles():
     """Without the wait at the top of the loop, S = Q K_jᵀ reads Q and K_j before their copies land."""
-    bug = planted("        wait_all();\n        __syncthreads();                             // K_j (and Q_i)",
-                  "        __syncthreads();                             // K_j (and Q_i)", "v3_bug_no_wait_k")
+    bug = planted("        wait_all();\n        // K_j (and Q_i) visible",
+                  "        // K_j (and Q_i) visible", "v3_bug_no_wait_k")
     q, k, v = make(1, 1, 1, 20, 40, 32, torch.float16, seed=9)
     o, _ = run_v3(q, k, v, False, source=bug)
     assert not torch.isfinite(o).all() or testing.max_error(o.double(), testing.reference_gqa(q, k, v)[0]) > 0.05
@@ -212,8 +214,8 @@ def test_planted_missing_wait_before_s_reads_stale_tiles():
 
 def test_planted_missing_wait_before_pv_is_reported():
     """Without the wait before P V_j, the last V tile's copies are never waited for: the emulator says so."""
-    bug = planted("        wait_all();\n        __syncthreads();                             // V_j visible",
-                  "        __syncthreads();                             // V_j visible", "v3_bug_no_wait_v")
+    bug = planted("        wait_all();\n        // V_j visible",
+                  "        // V_j visible", "v3_bug_no_wait_v")
     q, k, v = make(1, 1, 1, 20, 40, 32, torch.float16, seed=10)
     with pytest.raises(EmulatorError, match="cp.async copies"):
         run_v3(q, k, v, False, source=bug)
@@ -221,7 +223,7 @@ def test_planted_missing_wait_before_pv_is_reported():
 
 def test_planted_missing_syncthreads_is_a_race():
     """Without the barrier after V_j's wait, warps read V_j rows other threads' copies are landing: TSan."""
-    bug = planted("        __syncthreads();                             // V_j visible; every warp is done with K_j\n",
+    bug = planted("        // V_j visible; every warp is done with K_j\n        __syncthreads();\n",
                   "", "v3_bug_no_barrier")
     q, k, v = make(1, 1, 1, 64, 70, 32, torch.float16, seed=11)
     with pytest.raises(EmulatorError) as err:
