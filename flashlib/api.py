@@ -91,28 +91,35 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
     return (o, lse) if return_lse else o
 
 
-def attention_qkvpacked(qkv, *, causal=False, scale=None, return_lse=False, backend="auto",
-                        allow_tf32=False, block_q=None, block_k=None):
-    """:func:`attention` on a packed ``qkv`` ``(B, N, 3, H, d)`` — the layout a fused QKV projection
-    produces (flash-attn's ``flash_attn_qkvpacked_func``; flash-attention-ipu's packed entry point).
+def attention_qkvpacked(qkv, *, causal=False, scale=None, return_lse=False,
+                        backend="auto", allow_tf32=False, block_q=None,
+                        block_k=None):
+    """:func:`attention` on a packed ``qkv`` ``(B, N, 3, H, d)`` — the layout
+    a fused QKV projection produces (flash-attn's
+    ``flash_attn_qkvpacked_func``; flash-attention-ipu's packed entry point).
 
-    Q, K and V are strided views of ``qkv`` (no copy on "triton"). Returns ``o`` ``(B, N, H, d)``
-    (and ``lse`` ``(B, H, N)`` if ``return_lse``); gradients flow back into ``qkv``. ``block_q`` /
-    ``block_k`` choose the query and key chunking as in :func:`attention`.
+    Q, K and V are strided views of ``qkv`` (no copy on "triton"). Returns
+    ``o`` ``(B, N, H, d)`` (and ``lse`` ``(B, H, N)`` if ``return_lse``);
+    gradients flow back into ``qkv``. ``block_q`` / ``block_k`` choose the
+    query and key chunking as in :func:`attention`.
 
     Explained in: notebooks/09_models.
     Tested in: tests/test_api_packed_blocks.py.
     """
     import torch
     if not isinstance(qkv, torch.Tensor):
-        raise TypeError(f"qkv must be a torch.Tensor, got {type(qkv).__name__}")
+        raise TypeError(f"qkv must be a torch.Tensor, "
+                        f"got {type(qkv).__name__}")
     if qkv.dim() != 5 or qkv.shape[2] != 3:
-        raise ValueError(f"qkv must have shape (B, N, 3, H, d), got {tuple(qkv.shape)}")
-    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))      # (B, H, N, d) views
-    out = attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse, backend=backend,
+        raise ValueError(f"qkv must have shape (B, N, 3, H, d), "
+                         f"got {tuple(qkv.shape)}")
+    # (B, H, N, d) views
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    out = attention(q, k, v, causal=causal, scale=scale,
+                    return_lse=return_lse, backend=backend,
                     allow_tf32=allow_tf32, block_q=block_q, block_k=block_k)
     o, lse = out if return_lse else (out, None)
-    o = o.transpose(1, 2)                                              # (B, N, H, d)
+    o = o.transpose(1, 2)                                   # (B, N, H, d)
     return (o, lse) if return_lse else o
 
 

@@ -116,68 +116,90 @@ def _gpu_backend_reason(query, grad: bool = False) -> str | None:
 
 
 def top_left_causal(q, k, v, scale):
-    """SDPA's top-left ``is_causal`` (query i sees key j iff j <= i) from flashlib's bottom-right
-    ``causal``, for ``(B, H, Nq, d)`` tensors: keys past Nq are cut off when Nq <= Nk; when Nq > Nk the
-    first Nk queries are a square causal problem and the rest see every key.
+    """SDPA's top-left ``is_causal`` (query i sees key j iff j <= i) from
+    flashlib's bottom-right ``causal``, for ``(B, H, Nq, d)`` tensors: keys
+    past Nq are cut off when Nq <= Nk; when Nq > Nk the first Nk queries are a
+    square causal problem and the rest see every key.
 
     Explained in: notebooks/09_models.
     Tested in: tests/auto/test_auto.py.
     """
     from .. import attention
     nq, nk = q.shape[-2], k.shape[-2]
-    if nq <= nk:                     # keys >= Nq are in every query's future: a square problem
-        return attention(q, k[..., :nq, :], v[..., :nq, :], causal=True, scale=scale)
-    head = attention(q[..., :nk, :], k, v, causal=True, scale=scale)    # square part
-    tail = attention(q[..., nk:, :], k, v, causal=False, scale=scale)   # sees every key
+    if nq <= nk:
+        # keys >= Nq are in every query's future: a square problem
+        return attention(q, k[..., :nq, :], v[..., :nq, :], causal=True,
+                         scale=scale)
+    # the square part, then the queries that see every key
+    head = attention(q[..., :nk, :], k, v, causal=True, scale=scale)
+    tail = attention(q[..., nk:, :], k, v, causal=False, scale=scale)
     return torch.cat([head, tail], dim=-2)
 
 
 def decode_shaped(query, key, value, is_causal=False) -> bool:
-    """Whether an SDPA call that :func:`route_reason` accepts goes to :func:`flashlib.decode` (True)
-    rather than :func:`flashlib.attention` (False). ``(B, H, Nq, d)`` query, ``(B, Hkv, Nk, d)`` key
-    and value; GQA goes to decode as it is (``H % Hkv == 0``, no copies). All three must hold:
+    """Whether an SDPA call that :func:`route_reason` accepts goes to
+    :func:`flashlib.decode` (True) rather than :func:`flashlib.attention`
+    (False). ``(B, H, Nq, d)`` query, ``(B, Hkv, Nk, d)`` key and value; GQA
+    goes to decode as it is (``H % Hkv == 0``, no copies). All three must
+    hold:
 
-    * **No gradient**: decode is inference only. Grad mode is off, or none of q, k, v requires grad.
-    * **The same mask**: decode lets every query see every key, which is SDPA's ``is_causal=False``.
-      SDPA's ``is_causal=True`` is top-left: query 0 sees key 0 only, so it means "every key" only when
-      ``Nk == 1``, where there is no cache to split. Causal calls never go to decode (a Hugging Face
-      prefill passes ``is_causal=True``; its token-by-token steps pass one query and ``is_causal=False``).
+    * **No gradient**: decode is inference only. Grad mode is off, or none of
+      q, k, v requires grad.
+    * **The same mask**: decode lets every query see every key, which is
+      SDPA's ``is_causal=False``. SDPA's ``is_causal=True`` is top-left:
+      query 0 sees key 0 only, so it means "every key" only when ``Nk == 1``,
+      where there is no cache to split. Causal calls never go to decode (a
+      Hugging Face prefill passes ``is_causal=True``; its token-by-token steps
+      pass one query and ``is_causal=False``).
     * **Few queries, a long cache**: ``Nq <= DECODE_MAX_QUERIES`` (16) and
-      ``Nk >= DECODE_MIN_KEYS_PER_QUERY * Nq`` (4). The attention forward gives each (batch, head) one
-      program per block of 32 to 128 query rows; with 16 rows or fewer that block is at least half
-      empty, only B·H programs run, and each walks the whole cache alone. Flash-Decoding stacks the
-      query rows of a GQA group (16 rows: its smallest tile) and splits the cache over more programs.
-      With fewer than 4 keys per query the call is no cache but a small, nearly square problem, which
-      the forward does in one launch where decode needs two (split, then combine).
+      ``Nk >= DECODE_MIN_KEYS_PER_QUERY * Nq`` (4). The attention forward
+      gives each (batch, head) one program per block of 32 to 128 query
+      rows; with 16 rows or fewer that block is at least half empty, only
+      B·H programs run, and each walks the whole cache alone. Flash-Decoding
+      stacks the query rows of a GQA group (16 rows: its smallest tile) and
+      splits the cache over more programs. With fewer than 4 keys per query
+      the call is no cache but a small, nearly square problem, which the
+      forward does in one launch where decode needs two (split, then
+      combine).
 
     Explained in: notebooks/09_models.
     Tested in: tests/auto/test_auto.py.
     """
     nq, nk = query.shape[-2], key.shape[-2]
-    if is_causal or nq > DECODE_MAX_QUERIES or nk < DECODE_MIN_KEYS_PER_QUERY * nq:
+    if is_causal or nq > DECODE_MAX_QUERIES:
         return False
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
+    if nk < DECODE_MIN_KEYS_PER_QUERY * nq:
+        return False
+    grads = any(t.requires_grad for t in (query, key, value))
+    return not (torch.is_grad_enabled() and grads)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+def scaled_dot_product_attention(query, key, value, attn_mask=None,
+                                 dropout_p=0.0, is_causal=False, *,
                                  scale=None, enable_gqa=False):
-    """What :func:`enable` puts in the place of ``torch.nn.functional.scaled_dot_product_attention``:
-    SDPA's signature and semantics (top-left ``is_causal``), computed by :func:`flashlib.attention`
-    when :func:`route_reason` finds nothing against it (by :func:`flashlib.decode` when the call is
-    :func:`decode_shaped`), else by the original SDPA (counted in :data:`stats`).
+    """What :func:`enable` puts in the place of
+    ``torch.nn.functional.scaled_dot_product_attention``: SDPA's signature
+    and semantics (top-left ``is_causal``), computed by
+    :func:`flashlib.attention` when :func:`route_reason` finds nothing
+    against it (by :func:`flashlib.decode` when the call is
+    :func:`decode_shaped`), else by the original SDPA (counted in
+    :data:`stats`).
 
     Explained in: notebooks/09_models.
     Tested in: tests/auto/test_auto.py.
     """
-    if route_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    if route_reason(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                    enable_gqa):
         stats["fallback"] += 1
-        return _original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return _original(query, key, value, attn_mask=attn_mask,
+                         dropout_p=dropout_p, is_causal=is_causal,
+                         scale=scale, enable_gqa=enable_gqa)
     stats["routed"] += 1
     if decode_shaped(query, key, value, is_causal):
         stats["decode"] += 1
         from .. import decode
-        return decode(query, key, value, scale=scale)                    # every query sees every key
+        # every query sees every key
+        return decode(query, key, value, scale=scale)
     if is_causal:
         return top_left_causal(query, key, value, scale)
     from .. import attention

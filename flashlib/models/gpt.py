@@ -140,34 +140,42 @@ class GPTConfig:
 
 
 def causal_attention(q, k, v, attention: str = "flashlib"):
-    """Causal self-attention of one block, three interchangeable ways.  Returns ``(B, H, T, hs)``.
+    """Causal self-attention of one block, three interchangeable ways.
+    Returns ``(B, H, T, hs)``.
 
     Args:
-        q: ``(B, H, T, hs)`` queries; k, v: ``(B, Hkv, T, hs)`` with ``H % Hkv == 0`` (GQA: query
-            head h reads kv head ``h // (H // Hkv)``). Square: T queries and T keys, so flashlib's
-            bottom-right causal mask and SDPA's top-left one are the same (query i sees keys 0..i).
+        q: ``(B, H, T, hs)`` queries; k, v: ``(B, Hkv, T, hs)`` with
+            ``H % Hkv == 0`` (GQA: query head h reads kv head
+            ``h // (H // Hkv)``). Square: T queries and T keys, so flashlib's
+            bottom-right causal mask and SDPA's top-left one are the same
+            (query i sees keys 0..i).
         attention: "flashlib" (:func:`flashlib.attention`), "sdpa"
-            (``torch.nn.functional.scaled_dot_product_attention``, looked up at each call so that
-            :mod:`flashlib.auto` can route it) or "naive" (the masked-softmax math).
+            (``torch.nn.functional.scaled_dot_product_attention``, looked up
+            at each call so that :mod:`flashlib.auto` can route it) or
+            "naive" (the masked-softmax math).
 
     Explained in: notebooks/09_models.
     Tested in: tests/models/test_gpt.py.
     """
     if attention == "flashlib":
-        return flash_attention(q, k, v, causal=True)                     # (B, H, T, hs)
+        return flash_attention(q, k, v, causal=True)        # (B, H, T, hs)
     if attention == "sdpa":
-        gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}   # torch >= 2.5 for GQA
+        # torch >= 2.5 for GQA
+        gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
     if attention == "naive":
         group = q.shape[1] // k.shape[1]
-        k = k.repeat_interleave(group, dim=1)                            # (B, H, T, hs)
+        k = k.repeat_interleave(group, dim=1)               # (B, H, T, hs)
         v = v.repeat_interleave(group, dim=1)
         T = q.shape[-2]
-        s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5              # (B, H, T, T) scores
+        # (B, H, T, T) scores
+        s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
         visible = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        p = s.masked_fill(~visible, float("-inf")).softmax(dim=-1)       # (B, H, T, T) kept for backward
-        return p @ v                                                     # (B, H, T, hs)
-    raise ValueError(f"attention must be one of {list(ATTENTION_CHOICES)}, got {attention!r}")
+        # (B, H, T, T), kept for the backward
+        p = s.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        return p @ v                                        # (B, H, T, hs)
+    raise ValueError(f"attention must be one of {list(ATTENTION_CHOICES)}, "
+                     f"got {attention!r}")
 
 
 class CausalSelfAttention(nn.Module):
@@ -191,35 +199,43 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
     def forward(self, x, cache=None):
-        """``x (B, T, C)``; ``cache``: None, or this block's ``(k_cache, v_cache, start)`` for
-        :meth:`attend_cached` (generation; see :meth:`GPT.forward`)."""
-        B, T, C = x.shape                                                # (B, T, C)
+        """``x (B, T, C)``; ``cache``: None, or this block's
+        ``(k_cache, v_cache, start)`` for :meth:`attend_cached` (generation;
+        see :meth:`GPT.forward`)."""
+        B, T, C = x.shape                                   # (B, T, C)
         H, Hkv, hs = self.n_head, self.n_kv_head, self.head_dim
-        qkv = self.c_attn(x)                                             # (B, T, (H + 2 Hkv) hs)
+        qkv = self.c_attn(x)                          # (B, T, (H + 2 Hkv) hs)
         q, k, v = qkv.split([H * hs, Hkv * hs, Hkv * hs], dim=2)
-        q = q.view(B, T, H, hs).transpose(1, 2)                          # (B, H, T, hs)
-        k = k.view(B, T, Hkv, hs).transpose(1, 2)                        # (B, Hkv, T, hs)
-        v = v.view(B, T, Hkv, hs).transpose(1, 2)                        # (B, Hkv, T, hs)
-        if cache is not None:                                            # generation
-            y = self.attend_cached(q, k, v, *cache).transpose(1, 2)      # (B, T, H, hs)
-        elif self.attention == "flashlib" and H == Hkv:                  # qkv is the packed layout
-            y = attention_qkvpacked(qkv.view(B, T, 3, H, hs), causal=True)     # (B, T, H, hs)
+        q = q.view(B, T, H, hs).transpose(1, 2)             # (B, H, T, hs)
+        k = k.view(B, T, Hkv, hs).transpose(1, 2)           # (B, Hkv, T, hs)
+        v = v.view(B, T, Hkv, hs).transpose(1, 2)           # (B, Hkv, T, hs)
+        if cache is not None:                               # generation
+            y = self.attend_cached(q, k, v, *cache)         # (B, H, T, hs)
+            y = y.transpose(1, 2)                           # (B, T, H, hs)
+        elif self.attention == "flashlib" and H == Hkv:     # the packed layout
+            y = attention_qkvpacked(qkv.view(B, T, 3, H, hs), causal=True)
         else:
-            y = causal_attention(q, k, v, self.attention).transpose(1, 2)      # (B, T, H, hs)
-        return self.c_proj(y.reshape(B, T, C))                          # (B, T, C) heads side by side
+            y = causal_attention(q, k, v, self.attention)   # (B, H, T, hs)
+            y = y.transpose(1, 2)                           # (B, T, H, hs)
+        # (B, T, C): the heads side by side
+        return self.c_proj(y.reshape(B, T, C))
 
     def attend_cached(self, q, k, v, k_cache, v_cache, start: int):
-        """Generation: write ``k, v (B, Hkv, T, hs)`` at positions ``start ..`` of ``k_cache, v_cache
-        (B, Hkv, Nmax, hs)``, then attend. The prompt (``start = 0``) attends causally among itself, as
-        in training; one new token (``start > 0``, ``T = 1``) attends to all ``start + 1`` cached keys
-        through :func:`flashlib.decode` (Flash-Decoding). Returns ``(B, H, T, hs)``."""
+        """Generation: write ``k, v (B, Hkv, T, hs)`` at positions
+        ``start ..`` of ``k_cache, v_cache (B, Hkv, Nmax, hs)``, then attend.
+        The prompt (``start = 0``) attends causally among itself, as in
+        training; one new token (``start > 0``, ``T = 1``) attends to all
+        ``start + 1`` cached keys through :func:`flashlib.decode`
+        (Flash-Decoding). Returns ``(B, H, T, hs)``."""
         T = q.shape[2]
-        k_cache[:, :, start:start + T] = k                               # append in place: no torch.cat
+        k_cache[:, :, start:start + T] = k       # append in place: no torch.cat
         v_cache[:, :, start:start + T] = v
-        if start == 0:                                                   # prefill
-            return causal_attention(q, k, v, self.attention)             # (B, H, T, hs)
-        seqlens = torch.full((q.shape[0],), start + T, dtype=torch.int32, device=q.device)   # (B,)
-        return flash_decode(q, k_cache, v_cache, cache_seqlens=seqlens)  # (B, H, 1, hs): sees all
+        if start == 0:                                      # prefill
+            return causal_attention(q, k, v, self.attention)  # (B, H, T, hs)
+        seqlens = torch.full((q.shape[0],), start + T, dtype=torch.int32,
+                             device=q.device)               # (B,)
+        # (B, H, 1, hs): the new token sees the whole cache
+        return flash_decode(q, k_cache, v_cache, cache_seqlens=seqlens)
 
 
 class MLP(nn.Module):
@@ -506,29 +522,34 @@ def get_batch(data, batch_size: int, seq_len: int, *, generator=None, device=Non
     return x.to(device or data.device), y.to(device or data.device)
 
 
-def train(model, data, steps: int, batch_size: int, seq_len: int, lr: float = 1e-3, seed: int = 0):
-    """Train ``model`` with AdamW for ``steps`` steps on random windows of ``data``; return the losses.
+def train(model, data, steps: int, batch_size: int, seq_len: int,
+          lr: float = 1e-3, seed: int = 0):
+    """Train ``model`` with AdamW for ``steps`` steps on random windows of
+    ``data``; return the losses.
 
-    Deterministic given ``seed``: the batches come from a :class:`torch.Generator` seeded with it
-    (so two runs with the same seed see the same batches, whatever else used torch's global
-    generator in between), and ``torch.manual_seed(seed)`` is set too. The model has no dropout.
-    Batches go to the device of the model's parameters.
+    Deterministic given ``seed``: the batches come from a
+    :class:`torch.Generator` seeded with it (so two runs with the same seed
+    see the same batches, whatever else used torch's global generator in
+    between), and ``torch.manual_seed(seed)`` is set too. The model has no
+    dropout. Batches go to the device of the model's parameters.
 
     Returns:
-        ``list[float]``, the training loss of each step (before that step's update).
+        ``list[float]``, the training loss of each step (before that step's
+        update).
 
     Explained in: notebooks/09_models.
     Tested in: tests/models/test_gpt.py.
     """
     if not isinstance(model, GPT):
-        raise TypeError(f"model must be a flashlib.models.GPT, got {type(model).__name__}")
+        raise TypeError(f"model must be a flashlib.models.GPT, "
+                        f"got {type(model).__name__}")
     data = _check_tokens(data, "data")
     steps = _check_int(steps, "steps")
     batch_size = _check_int(batch_size, "batch_size")
     seq_len = _check_int(seq_len, "seq_len")
     if seq_len > model.config.block_size:
-        raise ValueError(f"seq_len must be at most the model's block_size ({model.config.block_size}), "
-                         f"got {seq_len}")
+        raise ValueError(f"seq_len must be at most the model's block_size "
+                         f"({model.config.block_size}), got {seq_len}")
     lr = _check_positive_float(lr, "lr")
     seed = _check_int(seed, "seed", minimum=0)
     torch.manual_seed(seed)
@@ -538,7 +559,8 @@ def train(model, data, steps: int, batch_size: int, seq_len: int, lr: float = 1e
     model.train()
     losses = []
     for _ in range(steps):
-        x, y = get_batch(data, batch_size, seq_len, generator=gen, device=device)  # (B, T) each
+        x, y = get_batch(data, batch_size, seq_len, generator=gen,
+                         device=device)                     # (B, T) each
         _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -557,23 +579,29 @@ def _sample(logits, temperature: float, top_k, gen):
 
 
 @torch.no_grad()
-def generate(model, idx, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
-             seed: int | None = None, kv_cache: bool = True):
-    """Sample ``max_new_tokens`` tokens after ``idx (B, T)``; return ``(B, T + max_new_tokens)``.
+def generate(model, idx, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: int | None = None, seed: int | None = None,
+             kv_cache: bool = True):
+    """Sample ``max_new_tokens`` tokens after ``idx (B, T)``; return
+    ``(B, T + max_new_tokens)``.
 
-    The model sees the last ``block_size`` tokens (its context window). Each step divides the last
-    position's logits by ``temperature``, keeps the ``top_k`` largest (None: all) and samples, from a
-    generator seeded with ``seed`` (None: torch's global one).
+    The model sees the last ``block_size`` tokens (its context window). Each
+    step divides the last position's logits by ``temperature``, keeps the
+    ``top_k`` largest (None: all) and samples, from a generator seeded with
+    ``seed`` (None: torch's global one).
 
-    ``kv_cache=True`` (Flash-Decoding): the window is run once (prefill, with the model's own
-    attention) into a :class:`KVCache`; each new token then runs alone, one query per head against
-    the cache through :func:`flashlib.decode`. ``kv_cache=False``: every step reruns the model on the
-    whole window (the attention the model was configured with). Both give the same tokens, up to
-    rounding. Beyond the window: the positions are learned and absolute, so once the window slides
-    every kept token moves to a new position, and its keys and values change. A cached step past
-    ``block_size`` tokens therefore re-prefills the last ``block_size`` tokens: the same tokens as
-    ``kv_cache=False``, at its cost. Keep ``T + max_new_tokens <= block_size`` to decode from the
-    cache all the way.
+    ``kv_cache=True`` (Flash-Decoding): the window is run once (prefill, with
+    the model's own attention) into a :class:`KVCache`; each new token then
+    runs alone, one query per head against the cache through
+    :func:`flashlib.decode`. ``kv_cache=False``: every step reruns the model
+    on the whole window (the attention the model was configured with). Both
+    give the same tokens, up to rounding. Beyond the window: the positions
+    are learned and absolute, so once the window slides every kept token
+    moves to a new position, and its keys and values change. A cached step
+    past ``block_size`` tokens therefore re-prefills the last ``block_size``
+    tokens: the same tokens as ``kv_cache=False``, at its cost. Keep
+    ``T + max_new_tokens <= block_size`` to decode from the cache all the
+    way.
 
     The model's train/eval mode is restored.
 
@@ -581,34 +609,43 @@ def generate(model, idx, max_new_tokens: int, *, temperature: float = 1.0, top_k
     Tested in: tests/models/test_gpt.py.
     """
     if not isinstance(model, GPT):
-        raise TypeError(f"model must be a flashlib.models.GPT, got {type(model).__name__}")
+        raise TypeError(f"model must be a flashlib.models.GPT, "
+                        f"got {type(model).__name__}")
     _check_tokens(idx, "idx")
     if idx.dim() != 2 or idx.shape[1] < 1:
-        raise ValueError(f"idx must have shape (B, T) with T >= 1, got {tuple(idx.shape)}")
+        raise ValueError(f"idx must have shape (B, T) with T >= 1, "
+                         f"got {tuple(idx.shape)}")
     max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", minimum=0)
     temperature = _check_positive_float(temperature, "temperature")
     if top_k is not None:
         top_k = _check_int(top_k, "top_k")
     if not isinstance(kv_cache, bool):
-        raise TypeError(f"kv_cache must be a bool, got {type(kv_cache).__name__}")
+        raise TypeError(f"kv_cache must be a bool, "
+                        f"got {type(kv_cache).__name__}")
     gen = None
     if seed is not None:
-        gen = torch.Generator(device=idx.device).manual_seed(_check_int(seed, "seed", minimum=0))
+        seed = _check_int(seed, "seed", minimum=0)
+        gen = torch.Generator(device=idx.device).manual_seed(seed)
     B, T = idx.shape
     window = model.config.block_size
-    out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)   # (B, T + new)
+    out = torch.empty(B, T + max_new_tokens, dtype=torch.long,
+                      device=idx.device)                    # (B, T + new)
     out[:, :T] = idx
     cache = KVCache(model, B) if kv_cache and max_new_tokens else None
     was_training = model.training
     model.eval()
     try:
-        for n in range(T, T + max_new_tokens):                          # out[:, :n] is known
-            if cache is not None and 0 < cache.length < window:          # cache holds out[:, :n - 1]
-                logits, _ = model(out[:, n - 1:n], cache=cache)          # (B, 1, V): Flash-Decoding
-            else:                                                        # the whole window: no cache,
-                if cache is not None:                                    # the prefill, or the window
-                    cache.reset()                                        # slid (new positions)
-                logits, _ = model(out[:, max(0, n - window):n], cache=cache)   # (B, T', V)
+        for n in range(T, T + max_new_tokens):     # out[:, :n] is known
+            if cache is not None and 0 < cache.length < window:
+                # the cache holds out[:, :n - 1]: one token, Flash-Decoding
+                logits, _ = model(out[:, n - 1:n], cache=cache)  # (B, 1, V)
+            else:
+                # the whole window, no cache: the prefill, or the window
+                # slid (every token at a new position)
+                if cache is not None:
+                    cache.reset()
+                window_ids = out[:, max(0, n - window):n]       # (B, T')
+                logits, _ = model(window_ids, cache=cache)      # (B, T', V)
             out[:, n:n + 1] = _sample(logits[:, -1], temperature, top_k, gen)
     finally:
         model.train(was_training)

@@ -28,31 +28,36 @@ def _free_port() -> int:
 
 
 def _run_local_worker(rank, world, port, timeout, fn, args, kwargs, results):
-    """One process of :func:`run_local`: join the group, run ``fn``, report to the parent.
+    """One process of :func:`run_local`: join the group, run ``fn``, report
+    to the parent.
 
-    Reports ``(rank, True, pickled result)`` or ``(rank, False, (time of the failure, traceback))``,
-    *before* leaving the group: a rank that fails first then also reports first, and the parent can
-    tell the cause from the peers that failed because of it.
+    Reports ``(rank, True, pickled result)`` or
+    ``(rank, False, (time of the failure, traceback))``, *before* leaving the
+    group: a rank that fails first then also reports first, and the parent
+    can tell the cause from the peers that failed because of it.
     """
     import datetime
     import pickle
     import time
     import traceback
     try:
-        torch.set_num_threads(1)                    # ``world`` processes share this machine's cores
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=timeout))
-        # pickled here, by value: a tensor put on a queue as is would be shared through a file
-        # descriptor that disappears when this process exits
+        # ``world`` processes share this machine's cores
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+            world_size=world, timeout=datetime.timedelta(seconds=timeout))
+        # pickled here, by value: a tensor put on a queue as is would be
+        # shared through a file descriptor that disappears when this process
+        # exits
         report = (rank, True, pickle.dumps(fn(rank, world, *args, **kwargs)))
-    except BaseException:                           # noqa: BLE001 - reported to the parent instead
+    except BaseException:      # noqa: BLE001 - reported to the parent instead
         report = (rank, False, (time.time(), traceback.format_exc()))
     results.put(report)
     if dist.is_initialized():
         if report[1]:
-            try:                                    # leave together: a peer may still be reading
+            try:                  # leave together: a peer may still be reading
                 dist.barrier()
-            except RuntimeError:                    # a peer failed; the parent stops everyone
+            except RuntimeError:  # a peer failed; the parent stops everyone
                 pass
         dist.destroy_process_group()
 

@@ -19,8 +19,6 @@ Explained in: notebooks/10_beyond_one_gpu.
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 import torch.distributed as dist
 
@@ -50,15 +48,17 @@ def _check_dim(x, dim) -> int:
 
 
 def chunk_ids(rank: int, world: int, layout: str = "contiguous") -> list[int]:
-    """The global sequence chunks held by ``rank``: ``[rank]`` of ``world`` (contiguous) or
-    ``[rank, 2·world − 1 − rank]`` of ``2·world`` (zigzag).
+    """The global sequence chunks held by ``rank``: ``[rank]`` of ``world``
+    (contiguous) or ``[rank, 2·world − 1 − rank]`` of ``2·world`` (zigzag).
 
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
     _check_layout(layout)
     rank, world = _check_rank(rank, world)
-    return [rank] if layout == "contiguous" else [rank, 2 * world - 1 - rank]
+    if layout == "contiguous":
+        return [rank]
+    return [rank, 2 * world - 1 - rank]
 
 
 def shard(x: torch.Tensor, rank: int, world: int, *, layout: str = "contiguous", dim: int = -2):
@@ -116,37 +116,49 @@ def unshard(shards, *, layout: str = "contiguous", dim: int = -2) -> torch.Tenso
 
 
 def merge_partials(o_a, lse_a, o_b, lse_b):
-    """Merge two partial attentions over disjoint keys (Flash-Decoding's combine for two parts).
+    """Merge two partial attentions over disjoint keys (Flash-Decoding's
+    combine for two parts).
 
-    ``lse = logaddexp(lse_a, lse_b)``, ``o = exp(lse_a − lse) o_a + exp(lse_b − lse) o_b``; where both
-    are empty (``lse = −inf``) the result is ``o = 0``, ``lse = −inf``. Shapes ``(..., N, d)``,
-    ``(..., N)``. Same formula as :func:`flashlib.ladder.decoding.combine`.
+    ``lse = logaddexp(lse_a, lse_b)``,
+    ``o = exp(lse_a − lse) o_a + exp(lse_b − lse) o_b``; where both are empty
+    (``lse = −inf``) the result is ``o = 0``, ``lse = −inf``. Shapes
+    ``(..., N, d)``, ``(..., N)``. Same formula as
+    :func:`flashlib.ladder.decoding.combine`.
 
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
-    for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
+    named = (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b))
+    for name, t in named:
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor, "
+                            f"got {type(t).__name__}")
         if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+            raise TypeError(f"{name} must be a floating-point tensor, "
+                            f"got {t.dtype}")
     if o_a.dim() < 2:
-        raise ValueError(f"o_a must have shape (..., N, d), at least 2 dims, got {tuple(o_a.shape)}")
+        raise ValueError(f"o_a must have shape (..., N, d), at least 2 dims, "
+                         f"got {tuple(o_a.shape)}")
     if o_b.shape != o_a.shape:
-        raise ValueError(f"o_b must have the shape of o_a {tuple(o_a.shape)}, got {tuple(o_b.shape)}")
+        raise ValueError(f"o_b must have the shape of o_a {tuple(o_a.shape)}, "
+                         f"got {tuple(o_b.shape)}")
     for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
         if t.shape != o_a.shape[:-1]:
-            raise ValueError(f"{name} must have shape {tuple(o_a.shape[:-1])} (o's shape without d), "
-                             f"got {tuple(t.shape)}")
+            raise ValueError(f"{name} must have shape {tuple(o_a.shape[:-1])} "
+                             f"(o's shape without d), got {tuple(t.shape)}")
     lse = torch.logaddexp(lse_a, lse_b)
     safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
-    w_a = torch.where(torch.isneginf(lse_a), torch.zeros_like(lse_a), torch.exp(lse_a - safe))
-    w_b = torch.where(torch.isneginf(lse_b), torch.zeros_like(lse_b), torch.exp(lse_b - safe))
+    # an empty part (lse = -inf) weighs 0, also where both are empty
+    w_a = torch.where(torch.isneginf(lse_a), torch.zeros_like(lse_a),
+                      torch.exp(lse_a - safe))
+    w_b = torch.where(torch.isneginf(lse_b), torch.zeros_like(lse_b),
+                      torch.exp(lse_b - safe))
     return w_a[..., None] * o_a + w_b[..., None] * o_b, lse
 
 
 def _mode(a: int, b: int, causal: bool) -> str:
-    """How query chunk ``a`` attends to key chunk ``b``: "full", "causal" (diagonal) or "skip"."""
+    """How query chunk ``a`` attends to key chunk ``b``: "full", "causal"
+    (diagonal) or "skip"."""
     if not causal or b < a:
         return "full"
     return "causal" if a == b else "skip"
@@ -175,20 +187,25 @@ class _Ring:
                              f"got a group of ranks {self.ranks}")
 
     def rotate(self, tensors):
-        """Send ``tensors`` to the next rank and receive the previous rank's; returns the received."""
-        if self.world == 1:                      # a ring of one: nothing travels
+        """Send ``tensors`` to the next rank and receive the previous rank's;
+        returns the received."""
+        if self.world == 1:                  # a ring of one: nothing travels
             return list(tensors)
         nxt = self.ranks[(self.rank + 1) % self.world]
         prv = self.ranks[(self.rank - 1) % self.world]
         recv = [torch.empty_like(t) for t in tensors]
-        ops = [dist.P2POp(dist.isend, t.contiguous(), nxt, self.group) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t.contiguous(), nxt, self.group)
+               for t in tensors]
         ops += [dist.P2POp(dist.irecv, r, prv, self.group) for r in recv]
         try:
             for req in dist.batch_isend_irecv(ops):
                 req.wait()
-        except RuntimeError as e:   # a dead or hung peer: gloo/NCCL raise when the timeout expires
-            raise RuntimeError(f"ring_attention on rank {self.rank}: exchanging K/V with rank {prv} "
-                               f"and rank {nxt} failed — a peer died or timed out ({e})") from e
+        except RuntimeError as e:
+            # a dead or hung peer: gloo and NCCL raise when the timeout expires
+            raise RuntimeError(
+                f"ring_attention on rank {self.rank}: exchanging K/V with "
+                f"rank {prv} and rank {nxt} failed — a peer died or timed "
+                f"out ({e})") from e
         return recv
 
     def check_same_shapes(self, q, k, v, causal, scale, layout):
@@ -218,20 +235,26 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, ring, layout, backend):
         mine = chunk_ids(ring.rank, ring.world, layout)
-        acc = torch.promote_types(q.dtype, torch.float32)            # fp32, or fp64 for fp64
-        qs = _split(q, len(mine))                                     # (B, H, c, d) per chunk
+        # the accumulators: fp32 (fp64 for fp64)
+        acc = torch.promote_types(q.dtype, torch.float32)
+        qs = _split(q, len(mine))                  # (B, H, c, d) per chunk
         o = [torch.zeros(qa.shape, dtype=acc, device=q.device) for qa in qs]
-        lse = [torch.full(qa.shape[:-1], float("-inf"), dtype=acc, device=q.device) for qa in qs]
+        lse = [torch.full(qa.shape[:-1], float("-inf"), dtype=acc,
+                          device=q.device) for qa in qs]
         kv = (k, v)
         for step in range(ring.world):
-            held = chunk_ids((ring.rank - step) % ring.world, ring.world, layout)
-            for ks, vs, b in zip(_split(kv[0], len(held)), _split(kv[1], len(held)), held):
+            src = (ring.rank - step) % ring.world    # whose K/V we hold
+            held = chunk_ids(src, ring.world, layout)
+            n = len(held)
+            for ks, vs, b in zip(_split(kv[0], n), _split(kv[1], n), held):
                 for i, a in enumerate(mine):
                     mode = _mode(a, b, causal)
-                    if mode != "skip":
-                        o_ab, lse_ab = backend.forward(qs[i], ks, vs, causal=mode == "causal",
-                                                       scale=scale)
-                        o[i], lse[i] = merge_partials(o[i], lse[i], o_ab.to(acc), lse_ab.to(acc))
+                    if mode == "skip":
+                        continue
+                    o_ab, lse_ab = backend.forward(
+                        qs[i], ks, vs, causal=mode == "causal", scale=scale)
+                    o[i], lse[i] = merge_partials(o[i], lse[i], o_ab.to(acc),
+                                                  lse_ab.to(acc))
             if step < ring.world - 1:
                 kv = ring.rotate(kv)
         o, lse = torch.cat(o, dim=-2).to(q.dtype), torch.cat(lse, dim=-1)
@@ -245,67 +268,81 @@ class _RingAttention(torch.autograd.Function):
         causal, scale, ring, layout, backend = ctx.args
         mine = chunk_ids(ring.rank, ring.world, layout)
         n, acc = len(mine), torch.promote_types(q.dtype, torch.float32)
-        qs, os_, lses, dos = _split(q, n), _split(o, n), list(lse.chunk(n, dim=-1)), _split(do, n)
+        qs, os_, dos = _split(q, n), _split(o, n), _split(do, n)
+        lses = list(lse.chunk(n, dim=-1))
         dq = [torch.zeros(qa.shape, dtype=acc, device=q.device) for qa in qs]
         kv = (k, v)
         dkv = (torch.zeros(k.shape, dtype=acc, device=k.device),
                torch.zeros(v.shape, dtype=acc, device=v.device))
         for step in range(ring.world):
-            held = chunk_ids((ring.rank - step) % ring.world, ring.world, layout)
-            dks, dvs = _split(dkv[0], len(held)), _split(dkv[1], len(held))
-            for j, (ks, vs, b) in enumerate(zip(_split(kv[0], len(held)), _split(kv[1], len(held)),
-                                                held)):
+            src = (ring.rank - step) % ring.world    # whose K/V we hold
+            held = chunk_ids(src, ring.world, layout)
+            m = len(held)
+            dks, dvs = _split(dkv[0], m), _split(dkv[1], m)
+            pairs = zip(_split(kv[0], m), _split(kv[1], m), held)
+            for j, (ks, vs, b) in enumerate(pairs):
                 for i, a in enumerate(mine):
                     mode = _mode(a, b, causal)
-                    if mode != "skip":
-                        g = backend.backward(qs[i], ks, vs, os_[i], lses[i], dos[i],
-                                             causal=mode == "causal", scale=scale)
-                        dq[i] += g[0].to(acc)
-                        dks[j] += g[1].to(acc)
-                        dvs[j] += g[2].to(acc)
+                    if mode == "skip":
+                        continue
+                    g = backend.backward(qs[i], ks, vs, os_[i], lses[i], dos[i],
+                                         causal=mode == "causal", scale=scale)
+                    dq[i] += g[0].to(acc)
+                    dks[j] += g[1].to(acc)
+                    dvs[j] += g[2].to(acc)
             dkv = (torch.cat(dks, dim=-2), torch.cat(dvs, dim=-2))
-            if step < ring.world - 1:                    # K/V and their gradients travel on
+            if step < ring.world - 1:
+                # K/V and their gradients travel on
                 *kv, dk_, dv_ = ring.rotate([*kv, *dkv])
                 kv, dkv = tuple(kv), (dk_, dv_)
-            else:                                        # last hop: gradients go home
+            else:
+                # the last hop: the gradients go home
                 dkv = tuple(ring.rotate(list(dkv)))
-        return (torch.cat(dq, dim=-2).to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype),
+        dq = torch.cat(dq, dim=-2).to(q.dtype)
+        return (dq, dkv[0].to(k.dtype), dkv[1].to(v.dtype),
                 None, None, None, None, None)
 
 
-def ring_attention(q, k, v, *, causal=False, group=None, layout="contiguous", scale=None,
-                   backend="auto"):
+def ring_attention(q, k, v, *, causal=False, group=None, layout="contiguous",
+                   scale=None, backend="auto"):
     """Exact attention over a sequence sharded across the ranks of ``group``.
 
     Args:
-        q: ``(B, H, N/world, d)`` — this rank's shard of the queries (see :func:`shard`).
-        k, v: ``(B, Hkv, N/world, d)`` — this rank's shards of the keys and values (GQA allowed).
-        causal: causal over the *global* sequence (Nq = Nk globally, so top-left = bottom-right).
-        group: a torch.distributed process group (default: the world). Its backend moves the
-            shards: gloo on CPUs, NCCL on GPUs.
-        layout: "contiguous" (rank r holds chunk r) or "zigzag" (chunks r and 2·world−1−r; balances
-            causal work). Shard and unshard tensors with :func:`shard` and :func:`unshard`.
+        q: ``(B, H, N/world, d)`` — this rank's shard of the queries (see
+            :func:`shard`).
+        k, v: ``(B, Hkv, N/world, d)`` — this rank's shards of the keys and
+            values (GQA allowed).
+        causal: causal over the *global* sequence (Nq = Nk globally, so
+            top-left = bottom-right).
+        group: a torch.distributed process group (default: the world). Its
+            backend moves the shards: gloo on CPUs, NCCL on GPUs.
+        layout: "contiguous" (rank r holds chunk r) or "zigzag" (chunks r and
+            2·world−1−r; balances causal work). Shard and unshard tensors
+            with :func:`shard` and :func:`unshard`.
         scale: default ``d ** -0.5`` (d is the head dim).
-        backend: the flashlib backend for the per-block attention ("auto", "reference", "triton", ...;
-            :mod:`flashlib.backends`).
+        backend: the flashlib backend for the per-block attention ("auto",
+            "reference", "triton", ...; :mod:`flashlib.backends`).
 
     Returns:
-        ``o`` ``(B, H, N/world, d)``, this rank's shard of the output; differentiable.
+        ``o`` ``(B, H, N/world, d)``, this rank's shard of the output;
+        differentiable.
 
     Raises:
-        RuntimeError: no initialized process group, or a peer died / timed out (after the group's
-            timeout) — never a silent hang past it.
-        ValueError: shards of different shapes on different ranks, a bad layout, bad tensors, a
-            group this process is not in.
-        TypeError: ``group`` not a process group (a name such as "world" is not one), bad tensors.
+        RuntimeError: no initialized process group, or a peer died / timed
+            out (after the group's timeout) — never a silent hang past it.
+        ValueError: shards of different shapes on different ranks, a bad
+            layout, bad tensors, a group this process is not in.
+        TypeError: ``group`` not a process group (a name such as "world" is
+            not one), bad tensors.
 
     Explained in: notebooks/10_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
-    check_tensors(q, k, v)                        # flashlib's one validator, as flashlib.attention's
+    # flashlib's one validator, as flashlib.attention's
+    check_tensors(q, k, v)
     if k.shape[2] != q.shape[2]:
-        raise ValueError(f"q and k shards must have the same length, got q {tuple(q.shape)} and "
-                         f"k {tuple(k.shape)}")
+        raise ValueError(f"q and k shards must have the same length, "
+                         f"got q {tuple(q.shape)} and k {tuple(k.shape)}")
     causal = check_flag(causal, "causal")
     scale = check_scale(scale, q.shape[-1])
     _check_layout(layout)
@@ -313,8 +350,8 @@ def ring_attention(q, k, v, *, causal=False, group=None, layout="contiguous", sc
         raise TypeError(f"backend must be a str, got {type(backend).__name__}")
     ring = _Ring(group)
     if q.shape[2] % len(chunk_ids(0, ring.world, layout)):
-        raise ValueError(f"with the {layout} layout each shard holds 2 chunks: the shard length "
-                         f"{q.shape[2]} must be even")
+        raise ValueError(f"with the {layout} layout each shard holds 2 chunks: "
+                         f"the shard length {q.shape[2]} must be even")
     ring.check_same_shapes(q, k, v, causal, scale, layout)
     chosen = backends.resolve(backend, q, "attention")
     return _RingAttention.apply(q, k, v, causal, scale, ring, layout, chosen)
