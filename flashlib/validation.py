@@ -2,7 +2,7 @@
 
 :func:`flashlib.attention` and :func:`flashlib.decode` (:mod:`flashlib.api`), the CUDA kernels' entry
 points (:mod:`flashlib.kernels.cuda`) and :func:`~flashlib.parallel.ring.ring_attention` all check
-their arguments here; the ladder's NumPy checks (:mod:`flashlib._checks`) share :func:`check_scale`
+their arguments here; the ladder's NumPy checks (:mod:`flashlib.ladder._checks`) share :func:`check_scale`
 and :func:`check_block`. Bad input is refused with a TypeError or ValueError that names the
 argument, what was expected and what came.
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from flashlib import _checks, api, validation
+from flashlib import api, validation
+from flashlib.ladder import _checks
 from flashlib.kernels import cuda
 from flashlib.parallel import ring
 from flashlib.validation import (MAX_HEAD_DIM, check_block, check_cache_seqlens, check_flag,

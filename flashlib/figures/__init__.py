@@ -17,7 +17,6 @@ Explained in: notebooks/03_flashattention1 (and every chapter with one of these 
 """
 from __future__ import annotations
 
-import io as _io
 import math
 import numbers
 import pathlib
@@ -30,15 +29,14 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyArrow, FancyArrowPatch, FancyBboxPatch, Polygon, Rectangle
 from matplotlib.ticker import FuncFormatter
 from ..validation import check_int
+from ._base import COLORS, ROOT, to_svg
 
 __all__ = ["MAX_FRAMES", "CHAPTER_MODULES", "svg", "to_svg", "roadmap", "write_roadmap", "hbm_traffic",
            "program_grid", "split_kv", "online_softmax_animation", "ring_animation"]
 
 MAX_FRAMES = 16                       # an animation's frames: enough to follow, small enough for a page
 ANIMATION_DPI = 80                    # its PNG frames: sharp enough, a few tens of KB each
-ROOT = pathlib.Path(__file__).resolve().parents[2]     # a checkout: _toc.yml and notebooks/ sit here
 ROADMAP_SVG = pathlib.Path("book") / "_static" / "roadmap.svg"
-COLORS = matplotlib.colormaps["tab10"].colors
 
 # The flashlib modules behind each chapter (tests/test_figures.py checks that each module's docstring
 # says it is explained in that chapter).
@@ -82,20 +80,6 @@ def _float_array(name: str, x, ndim: int) -> np.ndarray:
 
 
 # --- output: crisp SVG for pictures, HTML/JS for animations --------------------------------------
-
-def to_svg(fig: Figure) -> str:
-    """``fig`` as SVG text, the same bytes on every run (fixed ids, no date), text drawn as paths.
-
-    Explained in: book/intro (the roadmap is written this way).
-    Tested in: tests/test_figures.py.
-    """
-    if not isinstance(fig, Figure):
-        raise TypeError(f"fig must be a matplotlib Figure, got {type(fig).__name__}")
-    buf = _io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": "flashlib", "svg.fonttype": "path"}):
-        fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight")
-    return buf.getvalue()
-
 
 def svg(fig: Figure):
     """Show ``fig`` in a notebook as vector graphics (an ``IPython.display.SVG``; the text elsewhere).

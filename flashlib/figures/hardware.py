@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Polygon, Rectangle
 
 from .. import hardware as _hw
-from . import COLORS, ROOT, to_svg
+from ._base import COLORS, ROOT, to_svg
 
 __all__ = ["MEMORY_FACTS", "REGISTERS_PER_SM_KB", "SMEM_BYTES_PER_CLOCK",
            "MEMORY_HIERARCHY_SVG", "memory_hierarchy", "write_memory_hierarchy",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import (acc_dtype, check_attention, check_blocks, check_count,
+from ._checks import (acc_dtype, check_attention, check_blocks, check_count,
                        check_floating, check_io, check_num_splits, out_dtype)
 from .masks import causal_mask, masked_matmul
 from .softmax import divide_rows, lse_from_state, safe_exp_diff

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import (acc_dtype, check_attention, check_block, check_blocks,
+from ._checks import (acc_dtype, check_attention, check_block, check_blocks,
                        out_dtype)
 from .masks import block_hidden, causal_mask, masked_matmul
 from .softmax import divide_rows, safe_exp_diff

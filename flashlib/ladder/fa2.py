@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import (acc_dtype, check_attention, check_block, check_like,
+from ._checks import (acc_dtype, check_attention, check_block, check_like,
                        out_dtype)
 from .masks import block_hidden, causal_mask, masked_matmul
 from .softmax import divide_rows, lse_from_state, safe_exp_diff

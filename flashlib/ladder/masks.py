@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_count
+from ._checks import check_count
 
 __all__ = ["causal_mask", "block_hidden"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import acc_dtype, check_attention, check_block, out_dtype
+from ._checks import acc_dtype, check_attention, check_block, out_dtype
 from .masks import causal_mask, masked_matmul
 from .softmax import divide_rows, lse_from_state, merge, safe_exp_diff
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import acc_dtype, check_attention, check_like, out_dtype
+from ._checks import acc_dtype, check_attention, check_like, out_dtype
 from .masks import causal_mask, masked_matmul
 from .softmax import divide_rows
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_real, check_rows, check_states
+from ._checks import check_real, check_rows, check_states
 
 __all__ = ["naive_softmax", "safe_softmax", "online_softmax", "online_state",
            "merge", "lse_from_state", "logsumexp", "safe_exp_diff",

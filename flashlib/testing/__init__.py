@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_qkv, check_scale
+from ..ladder._checks import check_qkv, check_scale
 from ..ladder.masks import causal_mask
 
 __all__ = ["reference", "reference_backward", "random_qkv", "max_error", "assert_close",
@@ -103,7 +103,7 @@ def random_qkv(nq, nk, d, *, lead=(), dv=None, dtype=np.float64, seed=0):
     """Random ``q (*lead, nq, d)``, ``k (*lead, nk, d)``, ``v (*lead, nk, dv)`` from a seeded generator.
 
     Explained in: notebooks/01_naive_attention.
-    Tested in: tests/test_checks.py.
+    Tested in: tests/ladder/test_checks.py.
     """
     rng = np.random.default_rng(seed)
     dv = d if dv is None else dv

@@ -1,4 +1,4 @@
-"""flashlib._checks: bad input is refused with an error naming the argument, never a crash deep inside NumPy."""
+"""flashlib.ladder._checks: bad input is refused with an error naming the argument, never a crash deep inside NumPy."""
 import numpy as np
 import pytest
 

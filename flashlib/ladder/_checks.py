@@ -13,7 +13,7 @@ import numbers
 
 import numpy as np
 
-from .validation import check_block, check_count, check_flag, check_num_splits, check_scale
+from ..validation import check_block, check_count, check_flag, check_num_splits, check_scale
 
 __all__ = ["as_array", "check_qkv", "check_attention", "check_like", "check_scale", "check_block",
            "check_flag", "check_num_splits", "check_blocks", "check_count", "check_io", "check_real",
@@ -75,7 +75,7 @@ def check_like(x, name: str, shape) -> np.ndarray:
 
 def check_io(io):
     """An :class:`~flashlib.ladder.iomodel.IOCounter`, or a fresh one that nobody reads when None."""
-    from .ladder.iomodel import IOCounter
+    from .iomodel import IOCounter
     if io is None:
         return IOCounter()
     if not isinstance(io, IOCounter):
