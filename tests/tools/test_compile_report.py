@@ -19,7 +19,7 @@ from flashlib.hardware import ARCH_SMEM_LIMIT
 
 MATMUL_KERNELS = {"fa2_fwd", "fa2_fwd_tma", "fa2_bwd_dkdv", "fa2_bwd_dkdv_tma", "fa2_bwd_dq", "decode_split"}
 # The one allowed spill: sm_90's dK/dV tile (M64-N64-w4-s2) is the fastest measured right on a real
-# H100 (flashlib/kernels/triton/configs.py); triton 3.9 spills 216 bytes for it when cross-compiling here
+# H100 (notebooks/appendix_verification); triton 3.9 spills 216 bytes for it when cross-compiling here
 # (276 before the offsets became 64-bit). The TMA dK/dV (fa2_bwd_tma.py) at the same tile spills 8 bytes.
 SPILL_ALLOWED = {("fa2_bwd_dkdv", "sm_90"): 512, ("fa2_bwd_dkdv_tma", "sm_90"): 16}
 

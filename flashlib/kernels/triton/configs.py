@@ -65,48 +65,19 @@ class Config:
 # (The D preprocess and the decode combine are elementwise/reduction kernels with fixed small blocks.)
 KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "decode")
 
-# Why the dK/dV kernel never runs with a query step below 64 beside a key block of 64 or more,
-# pipelined (a real H100, sm_90, torch 2.11 + triton 3.6, 2026-11-23; d = 128, fp16, B2 H8 N1000, each
-# config run twice on the same inputs and compared bit for bit and with the float64 oracle):
-#   wrong AND non-deterministic (dK error 3e-2 .. 0.2, plain fp16 torch 1e-3; dQ and dV right):
-#     M32-N64-w4-s2, M16-N64-w4-s2, M32-N128-w8-s2, M16-N128-w8-s2, and M32-N64-w8-s2 (in an earlier
-#     run on held-out shapes; right in this one: the failure is a race, it comes and goes);
-#   right and deterministic: M32-N64-w8-s1 (the same tiles, not pipelined), M64-N32-w4-s2,
-#     M32-N32-w4-s2, M16-N32-w4-s2, M64-N64-w4-s2/s3, M64-N128-w8-s2, M128-N64-w8-s2.
-# The class is exactly: num_stages >= 2 and block_m < 64 <= block_n. On Hopper, Triton runs a tl.dot
-# whose M (rows of the result) is 64 or more on the asynchronous warp-group MMA (wgmma), and smaller
-# ones on the synchronous mma.sync. In this kernel S = Q K^T and dP = dO V^T have M = block_m while
-# dV += P^T dO and dK += dS^T Q have M = block_n: in the bad class Q (and dO) each feed one mma.sync and
-# one wgmma, and Triton's pipeliner gives such a load a single shared-memory buffer. The TTGIR of this
-# kernel for sm_90 at M16-N64-w4-s2 (triton 3.6 and 3.9, cross-compiled on a CPU) shows it: Q sits in a
-# 1x16x128 buffer; dK's wgmma, the last product of the iteration, reads Q there and is left in flight
-# (warp_group_dot_wait pendings = 1); then the cp.async of the next Q tile writes into that same buffer.
-# dV's wgmma has retired by then (wgmma groups retire in order), so only dK is hit. With block_m >= 64
-# every product is a wgmma and Q, dO get two buffers (M64-N64-w4-s2, same check); with block_n < 64 the
-# accumulations are mma.sync, nothing is in flight; with one stage nothing is copied ahead. (Loading Q a
-# second time for dK did not help: M16-N64-w4-s2 stayed wrong.) This mechanism is triton-lang/triton
-# issue 6691 and pull request 7110 ("Fix pipelining of mixed WGMMA and non-WGMMA usage": a load with a
-# wgmma user and another user gets one buffer where two are needed), a fix that was not merged when we
-# looked. Pull request 8554 ("Fix wgmma pipelined operand underallocation", merged) fixed a neighbour, a
-# load used by two wgmma ops: here the block_m >= 64 case, which 3.6 and 3.9 both double-buffer (whether
-# 8554 itself is in those releases we could not check against triton's tags). Earlier fixes of the
-# family: pull request 3106. compute-sanitizer saw nothing on small shapes. So flashlib never picks such
-# a config on any architecture: the tables below avoid the class, and :func:`safe` turns a caller's
-# config in it into its un-pipelined twin (num_stages = 1), which was right.
-#
-# Only sm_90 was measured. The sm_75 and sm_80-sm_89 tables (SM75, CANDIDATES) were not run on those
-# GPUs. sm_80-sm_89 use the H100's own forward, dQ and decode candidates, and for dK/dV M32-N32-w4-s2
-# (right on the H100, above) and M16-N32-w4-s1 (the H100 table's last fallback, not in that sweep);
-# sm_75's small tiles come from the compile report alone (no spills). None of these GPUs has wgmma, so
-# the mechanism above cannot occur there; other faults could. The GPU tier's
-# test_every_backward_candidate_of_this_gpu_is_right_and_deterministic (tests/gpu/test_triton_gpu.py)
-# forces each dK/dV and dQ candidate of the running GPU's own table (d = 128, fp16, N ~ 1000), twice,
-# bit for bit and against the oracle: run on an A100, L4 or T4 it checks these backward tables there.
-# The forward table's fallbacks are forced only through the TMA forward; decode's not one by one.
+# The rule (hazard, safe): the dK/dV kernel never runs pipelined (num_stages >= 2) with a query step
+# below 64 beside a key block of 64 or more (block_m < 64 <= block_n). On an H100 (sm_90, triton 3.6,
+# 2026-11-23) those configs gave a wrong, non-deterministic dK: Triton's pipeliner gives a Q tile that
+# feeds both an mma.sync and a wgmma one shared-memory buffer, and the next copy overwrites it while
+# dK's wgmma still reads it (triton-lang/triton issue 6691). No table below offers the class, on any
+# architecture; safe() runs a caller's config in it with num_stages = 1. Only sm_90 ran on a GPU; the
+# other tables come from cross-compiles, and the GPU tier checks them on their own GPUs.
+# The investigation: notebooks/appendix_verification.
 
-# Candidates from the largest tile down. For bwd_dkdv, block_n is the key block a program owns and
-# block_m the query step; for bwd_dq the reverse, as in the forward. For decode, block_m caps the
-# stacked query rows (GQA group x Nq) a program takes.
+# CANDIDATES (sm_80-sm_89): the H100's forward, dQ and decode lists and cross-compiled dK/dV tiles; not
+# run on those GPUs. Candidates from the largest tile down. For bwd_dkdv, block_n is the key block a
+# program owns and block_m the query step; for bwd_dq the reverse, as in the forward. For decode,
+# block_m caps the stacked query rows (GQA group x Nq) a program takes (the names: book/notation).
 CANDIDATES: dict[str, list[Config]] = {
     "fwd": [Config(128, 64, 8, 3), Config(128, 32, 8, 2), Config(64, 64, 4, 2), Config(64, 32, 4, 2),
             Config(32, 32, 4, 1)],
@@ -116,10 +87,8 @@ CANDIDATES: dict[str, list[Config]] = {
     "bwd_dq": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(64, 16, 4, 2), Config(32, 16, 4, 1)],
     "decode": [Config(64, 64, 4, 2), Config(32, 32, 4, 1)],
 }
-# sm_90 (H100): the backward pair measured fastest among those measured right (B4 H16 N8192 d128 fp16,
-# TFLOP/s with FA2's count, triton 3.6, 2026-11-23): dK/dV M64-N64-w4-s2 + dQ M64-N64-w4-s2 = 379
-# (the old M32-N64-w8-s2 + M128-N32-w8-s2: 175, and wrong); dK/dV with 8 warps or N128: 143-346; at
-# d = 64 these pairs gave 253-274. triton 3.9 spills 216 bytes for this dK/dV tile on sm_90.
+# sm_90 (H100): the backward pair measured fastest among those right, 379 TFLOP/s (B4 H16 N8192 d128
+# fp16, triton 3.6, 2026-11-23); the sweep: notebooks/appendix_verification.
 SM90: dict[str, list[Config]] = {
     **CANDIDATES,
     "bwd_dkdv": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 2), Config(16, 32, 4, 1)],
@@ -132,20 +101,10 @@ SM75: dict[str, list[Config]] = {
     "bwd_dq": [Config(16, 16, 8, 1)],
     "decode": [Config(16, 32, 4, 1)],
 }
-# fp32 tiles (fp32 inputs; fp16 loaded as fp32 where upcast_tiles says so), chosen by elem_bytes == 4.
-# tl.dot on fp32 tiles runs on CUDA cores (FFMA) on every GPU unless allow_tf32, so the fp16 tables'
-# big tiles spilled 25-66 KB per thread on sm_80/sm_90 (fwd d = 128, M128-N32-w8-s2: 26,992 B on sm_80,
-# 30,608 on sm_90), and sm_75's smallest dK/dV and decode tiles needed 66,560 and 81,920 B at d = 256
-# (T4: 65,536). Measured by cross-compiling as the JIT compiles (pointers, strides and D divisible by
-# 16), causal, ieee, the 64-bit-offset kernels, triton 3.9.0, 2026-11-26; registers/spill B/smem B at
-# d = 256 (d = 64 and 128: no spill on sm_80/sm_90, at most 36 B on sm_75), sm_80 | sm_90:
-#   fwd    M32-N16-w8-s1  128/0/65,536  | 128/0/65,536     (M32-N16-w4-s2: 0 on sm_80, 20,412 B sm_90)
-#   dK/dV  M16-N32-w8-s1  128/52/100,352 | 128/28/100,352;  M16-N16-w4-s1 168/16/66,560 | 168/20/66,560
-#   dQ     M32-N16-w8-s1  118/0/98,304  | 116/0/98,304;    M16-N16-w8-s1 80/0/65,536 | 80/0/65,536
-#   decode M16-N32-w8-s2  80/0/84,032   | 128/24/84,032;   M16-N16-w4-s1 146/0/49,152 | 179/0/49,152
-# With allow_tf32 (tensor cores) the first candidates do not spill either (d = 128, 256); their shared
-# memory grows up to 2x (dK/dV d = 256: 131,072 B), past the estimate: where a GPU has less,
-# run_with_fallback's OutOfResources retry takes the next candidate.
+# fp32 tiles (fp32 inputs; fp16 loaded as fp32 where upcast_tiles says so), chosen by elem_bytes == 4:
+# tl.dot runs on CUDA cores, so small tiles that do not spill (cross-compiled for sm_80 and sm_90,
+# triton 3.9.0, 2026-11-26; the measured registers, spills and shared memory:
+# notebooks/appendix_verification).
 FP32: dict[str, list[Config]] = {
     "fwd": [Config(32, 16, 8, 1)],
     "bwd_dkdv": [Config(16, 32, 8, 1), Config(16, 16, 4, 1)],
@@ -153,14 +112,8 @@ FP32: dict[str, list[Config]] = {
     "decode": [Config(16, 32, 8, 2), Config(16, 16, 4, 1)],
 }
 SM90_FP32 = FP32                        # measured on both (above): the same choices
-# sm_75, fp32 tiles (fp32 inputs, and fp16 under triton 3.3.x), same measurement, d = 256 unless said:
-#   fwd    M32-N16-w8-s1  128/0/65,536
-#   dK/dV  M16-N32-w4-s1  (d <= 128) 128/36/51,200 at d = 128;  M16-N16-w4-s1 (d <= 128) 80/16/33,792
-#          at d = 128 but 66,560 at d = 256;  M16-N16-w2-s1 255/500/65,536: the one that fits at d = 256
-#   dQ     M16-N16-w8-s1  80/0/65,536
-#   decode M16-N32-w4-s1  (d <= 128) 144/0/40,960 at d = 128;  M16-N16-w4-s1 168/0/49,152
-# The KernelSpec estimates (elem_bytes 4, no SM75_SMEM_FACTOR) are at or above these, so pruning picks
-# one that fits; at d = 256 the dK/dV and dQ estimates pass 64 KB and the last candidate is taken.
+# sm_75, fp32 tiles (fp32 inputs, and fp16 under triton 3.3.x), the same measurement; at d = 256 the
+# last dK/dV candidate is the one that fits a T4's 64 KB (notebooks/appendix_verification).
 SM75_FP32: dict[str, list[Config]] = {
     "fwd": [Config(32, 16, 8, 1)],
     "bwd_dkdv": [Config(16, 32, 4, 1), Config(16, 16, 4, 1), Config(16, 16, 2, 1)],

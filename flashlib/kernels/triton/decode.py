@@ -62,12 +62,13 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
     # head's query rows in a decode step (B·HKV·GROUP·NQ·d = q's elements),
     # must be < 2^31.
     # stacked rows r = g * NQ + iq
-    offs_r = pid_r * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_r = pid_r * BLOCK_M + tl.arange(0, BLOCK_M)   # (BLOCK_M,)
     row_ok = offs_r < GROUP * NQ
     iq, g = kit.unflatten(offs_r, NQ)   # (BLOCK_M,) query position, member
     h = hk * GROUP + g                  # (BLOCK_M,) query head of each row
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, BLOCK_D)      # (BLOCK_D,) head dim, padded to 2^k
     q_rows = Q + b * stride_qb + h * stride_qh + iq.to(tl.int64) * stride_qn
+    # the stacked Q rows (BLOCK_M, BLOCK_D)
     q = kit.load_tile(q_rows, row_ok, offs_d, D, UPCAST)
     if SEQLENS is None:     # no lengths (a constexpr None): the whole cache
         nk = NMAX
@@ -79,6 +80,7 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
     chunk = tl.cdiv(tl.cdiv(nk, n_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, nk)
+    # m_i, l_i (BLOCK_M,) and the output rows (BLOCK_M, BLOCK_D), fp32
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -108,8 +110,8 @@ def _combine_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on,
                     n_rows, H, NQ, N_SPLITS, D,
                     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     row = tl.program_id(0)    # kernel 2: one program per query row (flat)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_s = tl.arange(0, BLOCK_S)    # (BLOCK_S,) splits, padded to 2^k
+    offs_d = tl.arange(0, BLOCK_D)    # (BLOCK_D,) head dim, padded to 2^k
     s_ok = offs_s < N_SPLITS
     # splits x n_rows x D can pass 2^31: 64 bits
     splits = offs_s.to(tl.int64)
@@ -119,7 +121,8 @@ def _combine_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on,
     m = tl.max(lse_s, 0)
     # every split empty: weights 0, no NaN
     m_use = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.math.exp2((lse_s - m_use) * kit.LOG2E)     # exp(LSE_s - m)
+    # (BLOCK_S,) exp(LSE_s - m)
+    w = tl.math.exp2((lse_s - m_use) * kit.LOG2E)
     l = tl.sum(w, 0)            # NaN if a split is NaN (w NaN): kept
     # no split saw a key (not l > 0: NaN is not empty)
     empty = l == 0.0
@@ -127,7 +130,8 @@ def _combine_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on,
     # (BLOCK_S, BLOCK_D)
     o_s = tl.load(OP + (splits[:, None] * n_rows + row) * D + offs_d[None, :],
                   mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-    o = tl.sum(w[:, None] * o_s, 0) / l_safe   # sum_s exp(LSE_s - lse) O_s
+    # (BLOCK_D,) sum_s exp(LSE_s - lse) O_s
+    o = tl.sum(w[:, None] * o_s, 0) / l_safe
     lse = tl.where(empty, float("-inf"),
                    m_use + tl.math.log2(l_safe) * kit.LN2)
     iq, bh = kit.unflatten(row, NQ)             # row = (b·H + h)·NQ + iq

@@ -47,12 +47,13 @@ def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_on,
     pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))
     h, b = kit.unflatten(pid_bh, H)
     b, h = b.to(tl.int64), h.to(tl.int64)   # offsets in 64 bits (kit: Offsets)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)   # (BLOCK_M,) query rows
     rows = offs_m.to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, BLOCK_D)    # (BLOCK_D,) head dim, padded to 2^k
     row_ok = offs_m < NQ
     o_rows = O + b * stride_ob + h * stride_oh + rows * stride_on
     do_rows = DO + b * stride_dob + h * stride_doh + rows * stride_don
+    # O_i, dO_i (BLOCK_M, BLOCK_D), in fp32
     o = kit.load_tile(o_rows, row_ok, offs_d, D, True)
     do = kit.load_tile(do_rows, row_ok, offs_d, D, True)
     # line 4: D_i = rowsum(dO_i * O_i)
@@ -77,15 +78,16 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)          # (BLOCK_N,) key rows
     keys = offs_n.to(tl.int64)
-    offs_m0 = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_m0 = tl.arange(0, BLOCK_M)   # (BLOCK_M,) query offsets in a block
+    offs_d = tl.arange(0, BLOCK_D)    # (BLOCK_D,) head dim, padded to 2^k
     key_ok = offs_n < NK
     k_rows = K + b * stride_kb + hk * stride_kh + keys * stride_kn
     v_rows = V + b * stride_vb + hk * stride_vh + keys * stride_vn
+    # line 6: K_j, V_j (BLOCK_N, BLOCK_D), resident for the whole program
     k = kit.load_tile(k_rows, key_ok, offs_d, D, UPCAST)
     v = kit.load_tile(v_rows, key_ok, offs_d, D, UPCAST)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # line 7: dK_j = dV_j = 0
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # on chip
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # on chip, fp32
     # Causal: query blocks before lo see none of key block j; those starting
     # before hi_masked see part of it.
     lo, hi_masked = kit.query_range(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
@@ -96,9 +98,10 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
     delta_base = DELTA + (b * H + h) * NQ
     for g in range(0, GROUP):       # GQA: every query head reading kv head hk
         for start_m in range(lo, NQ, BLOCK_M):   # line 8: the query blocks i
-            offs_m = start_m + offs_m0
+            offs_m = start_m + offs_m0        # (BLOCK_M,) query rows
             row_ok = offs_m < NQ
             m_rows = offs_m.to(tl.int64)
+            # line 9: Q_i, dO_i (BLOCK_M, BLOCK_D)
             q = kit.load_tile(q_base + m_rows * stride_qn, row_ok, offs_d, D,
                               UPCAST)
             do = kit.load_tile(do_base + m_rows * stride_don, row_ok, offs_d,
@@ -138,34 +141,39 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     hk = h // GROUP
     # offsets in 64 bits (kit: Offsets)
     b, h, hk = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)   # (BLOCK_M,) query rows
     rows = offs_m.to(tl.int64)
-    offs_n0 = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_n0 = tl.arange(0, BLOCK_N)   # (BLOCK_N,) key offsets in a block
+    offs_d = tl.arange(0, BLOCK_D)    # (BLOCK_D,) head dim, padded to 2^k
     row_ok = offs_m < NQ
     q_rows = Q + b * stride_qb + h * stride_qh + rows * stride_qn
     do_rows = DO + b * stride_dob + h * stride_doh + rows * stride_don
+    # Q_i, dO_i (BLOCK_M, BLOCK_D), resident for the whole program
     q = kit.load_tile(q_rows, row_ok, offs_d, D, UPCAST)
     do = kit.load_tile(do_rows, row_ok, offs_d, D, UPCAST)
     row_base = (b * H + h) * NQ   # the head's row 0 in LSE, DELTA (B, H, NQ)
+    # (BLOCK_M,) L_i in base 2, and D_i
     lse = kit.load_lse2(LSE + row_base + offs_m, row_ok)
     delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)   # dQ_i, on chip, fp32
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
     # the forward's key ranges
     lo_masked, hi = kit.key_range(pid_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N,
                                   CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
+        offs_n = start_n + offs_n0              # (BLOCK_N,) key rows
+        # K_j, V_j (BLOCK_N, BLOCK_D)
         k, v = kit.load_kv(k_base, v_base, offs_n, stride_kn, stride_vn, NK,
                            offs_d, D, kit.MASKED, UPCAST)
+        # S_ij (BLOCK_M, BLOCK_N), in base 2
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if start_n >= lo_masked:      # a diagonal or ragged block: kit's mask
             s = kit.mask_scores(s, offs_m, offs_n, NK, NK - NQ, CAUSAL)
-        p = tl.math.exp2(s - lse[:, None])
+        p = tl.math.exp2(s - lse[:, None])      # P_ij (BLOCK_M, BLOCK_N)
+        # dP_ij = dO_i V_j^T (BLOCK_M, BLOCK_N)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
+        ds = p * (dp - delta[:, None])          # dS_ij (BLOCK_M, BLOCK_N)
         # line 15: dQ_i += dS_ij K_j
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     dq = dq * scale

@@ -1,6 +1,7 @@
 # fa2_bwd_tma.py — the FlashAttention-2 backward's dK/dV kernel through tensor descriptors (TMA on
 #   Hopper), version 5 of the Triton kernels ("the TMA dK/dV"). Version 2 (fa2_bwd.py) stays the default and
-#   compiles unchanged (its loop body moved into kit.dkdv_step, which both kernels call); the D preprocess and the dQ kernel are version 2's, launched by its backward.
+#   compiles unchanged (its loop body moved into kit.dkdv_step, which both kernels call); the D
+#   preprocess and the dQ kernel are version 2's, launched by its backward.
 # Changed from version 2's _bwd_dkdv: K_j and V_j, every Q_i and dO_i tile, and the stores of dK_j and
 #   dV_j go through 2-D descriptors of their (batch, head), as in the TMA forward (fa2_fwd_tma.py,
 #   version 4): no address arithmetic and no load masks in the warps; rows past N and columns past d
@@ -55,7 +56,8 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
     b, hk = b.to(tl.int64), hk.to(tl.int64)  # offsets in 64 bits (kit: Offsets)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)          # (BLOCK_N,) key rows
-    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_m0 = tl.arange(0, BLOCK_M)   # (BLOCK_M,) query offsets in a block
+    # line 6: K_j, V_j (BLOCK_N, BLOCK_D), one TMA copy each
     k = kit.desc_2d(K + b * stride_kb + hk * stride_kh, NK, D, stride_kn,
                     BLOCK_N, BLOCK_D).load([start_n, 0])
     v = kit.desc_2d(V + b * stride_vb + hk * stride_vh, NK, D, stride_vn,
@@ -64,7 +66,7 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # line 7: dK_j = dV_j = 0
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # on chip
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # on chip, fp32
     # Causal: query blocks before lo see none of key block j; those starting
     # before hi_masked see part of it.
     lo, hi_masked = kit.query_range(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
@@ -74,10 +76,12 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
     lse_base = LSE + (b * H + h) * NQ
     delta_base = DELTA + (b * H + h) * NQ
     for g in range(0, GROUP):       # GQA: every query head reading kv head hk
+        # descriptors of the head's Q and dO (NQ, D), in (BLOCK_M, BLOCK_D)
         q_desc = kit.desc_2d(q_base, NQ, D, stride_qn, BLOCK_M, BLOCK_D)
         do_desc = kit.desc_2d(do_base, NQ, D, stride_don, BLOCK_M, BLOCK_D)
         for start_m in range(lo, NQ, BLOCK_M):   # line 8: the query blocks i
-            q = q_desc.load([start_m, 0])        # Q_i, dO_i: one TMA copy each
+            # line 9: Q_i, dO_i (BLOCK_M, BLOCK_D), one TMA copy each
+            q = q_desc.load([start_m, 0])
             do = do_desc.load([start_m, 0])
             if UPCAST:
                 q = q.to(tl.float32)

@@ -52,7 +52,7 @@ def test_the_bf16_refusal_is_true_of_every_triton(version, compiles):
 
 # What the fp32 tables' candidates compile to: (registers, spill bytes, shared bytes) per thread/block at
 # d = 64, 128, 256, cross-compiled as the JIT compiles them (pointers, strides and D divisible by 16),
-# causal, ieee, the 64-bit-offset kernels, triton 3.9.0 (pinned), 2026-11-26 (configs.py's table comment).
+# causal, ieee, the 64-bit-offset kernels, triton 3.9.0 (pinned), 2026-11-26 (Appendix B, notebooks/appendix_verification).
 # The version matrix (test_triton_matrix.py) compiles them again; these figures check the choice rule.
 FP32_MEASURED = {
     ("sm_75", "bwd_dkdv", "M16-N16-w2-s1"): [(96, 8, 17_408), (166, 0, 33_792), (255, 500, 65_536)],
