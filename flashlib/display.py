@@ -5,6 +5,7 @@ Explained in: every chapter (the cells that display code).
 from __future__ import annotations
 
 import ast
+import html
 import inspect
 import re
 import textwrap
@@ -50,7 +51,8 @@ def show(obj, *more, fold=()):
 
 class Listing:
     """A code listing made of parts, some folded: highlighted HTML in a notebook (``_repr_html_``, a
-    folded part is an HTML ``<details>`` whose summary is its first line) and plain text elsewhere
+    folded part is an HTML ``<details>`` whose summary is its first line, or the summary the part
+    brings: ``(text, folded, summary)``, e.g. a CUDA function's signature) and plain text elsewhere
     (``str``, ``repr`` and ``.data``: every part in full, separated by a blank line).
 
     Explained in: notebooks/07_triton (the forward kernel with its helpers in one listing).
@@ -58,13 +60,15 @@ class Listing:
     """
 
     def __init__(self, parts, language: str = "python"):
-        parts = [(p, False) if isinstance(p, str) else tuple(p) for p in parts]
-        if not parts or not all(len(p) == 2 and isinstance(p[0], str) for p in parts):
-            raise TypeError("parts must be a non-empty list of str or (str, folded) pairs, "
-                            f"got {parts!r:.80}")
+        parts = [(p, False, None) if isinstance(p, str) else (*p, None)[:3] for p in parts]
+        if not parts or not all(isinstance(t, str) and (m is None or isinstance(m, str))
+                                for t, _, m in parts):
+            raise TypeError("parts must be a non-empty list of str, (str, folded) or (str, folded, "
+                            f"summary), got {parts!r:.80}")
         if not isinstance(language, str):
             raise TypeError(f"language must be a str, got {type(language).__name__}")
-        self.parts = [(text.rstrip("\n") + "\n", bool(folded)) for text, folded in parts]
+        self.parts = [(text.rstrip("\n") + "\n", bool(folded)) for text, folded, _ in parts]
+        self.summaries = [summary for _, _, summary in parts]
         self.language = language
 
     @property
@@ -81,22 +85,18 @@ class Listing:
         from pygments.formatters import HtmlFormatter
         from pygments.lexers import get_lexer_by_name
         lexer = get_lexer_by_name(self.language)
-        html = []
-        for text, folded in self.parts:
+        blocks = []
+        for (text, folded), first in zip(self.parts, self.summaries):
             block = highlight(text, lexer, HtmlFormatter(cssclass="highlight"))
             if folded:
-                first = next((ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("@")),
-                             text.splitlines()[0]).strip()
-                n = len(text.splitlines())
-                summary = _html_escape(f"{first} … ({n} lines, click to open)")
+                lines = text.splitlines()
+                first = first or next((ln for ln in lines if ln.strip() and not ln.lstrip().startswith("@")),
+                                      lines[0]).strip()
+                n = len(lines)
+                summary = html.escape(f"{first} … ({n} lines, click to open)", quote=False)
                 block = f'<details class="flashbook-fold"><summary>{summary}</summary>{block}</details>'
-            html.append(block)
-        return "\n".join(html)
-
-
-def _html_escape(text: str) -> str:
-    import html
-    return html.escape(text, quote=False)
+            blocks.append(block)
+        return "\n".join(blocks)
 
 
 class Table:
@@ -124,11 +124,15 @@ class Table:
             return f"{value:.4g}"
         return "" if value is None else str(value)
 
+    def _numeric(self) -> list[bool]:
+        """Per column: every cell a number (bools are not), so it aligns right."""
+        return [bool(self.rows) and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool)
+                                        for r in self.rows) for i in range(len(self.header))]
+
     def __str__(self) -> str:
         cells = [self.header] + [[self._cell(v) for v in r] for r in self.rows]
         widths = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
-        numeric = [all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in self.rows)
-                   and bool(self.rows) for i in range(len(self.header))]
+        numeric = self._numeric()
         lines = ["  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)).rstrip()
                  for r in cells]
         lines.insert(1, "  ".join("-" * w for w in widths))
@@ -137,9 +141,10 @@ class Table:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        esc = _html_escape
-        numeric = [bool(self.rows) and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool)
-                                           for r in self.rows) for i in range(len(self.header))]
+        def esc(text):
+            return html.escape(text, quote=False)
+        numeric = self._numeric()
+
         def td(v, num, tag="td"):
             style = ' style="text-align: right"' if num else ""
             return f"<{tag}{style}>{esc(self._cell(v))}</{tag}>"

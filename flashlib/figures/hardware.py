@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Polygon, Rectangle
 
 from .. import hardware as _hw
+from ..validation import check_int
 from ._base import COLORS, ROOT, to_svg
 
 __all__ = ["MEMORY_FACTS", "REGISTERS_PER_SM_KB", "SMEM_BYTES_PER_CLOCK",
@@ -143,14 +144,6 @@ def _number(name: str, value, low: float, high: float) -> float:
     return float(value)
 
 
-def _count(name: str, value, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in {low}..{high}, got {value!r}")
-    return int(value)
-
-
 def _producer(blocks: int, stages: int, load: float, k_free, v_free):
     """When K_j and V_j are in shared memory. The producer loads K_j, then
     V_j, each into slot j mod ``stages`` of its circular buffer, once that
@@ -252,8 +245,8 @@ def fa3_schedule(blocks: int = 4, *, stages: int = 2,
     Explained in: notebooks/07c_hopper.
     Tested in: tests/figures/test_hardware.py.
     """
-    blocks = _count("blocks", blocks, 1, 8)
-    stages = _count("stages", stages, 1, 4)
+    blocks = check_int(blocks, "blocks", 1, 8)
+    stages = check_int(stages, "stages", 1, 4)
     softmax = 2 * _number("softmax_fraction", softmax_fraction, 0, 4)
     load = _number("load_time", load_time, 0, 4)
     colors = {"GEMM0": COLORS[0], "GEMM1": COLORS[2], "softmax": COLORS[1],

@@ -21,7 +21,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from ..validation import check_int
+from ..validation import check_flag, check_int
 
 __all__ = ["warp_partition", "backward_dataflow", "backward_traffic"]
 
@@ -176,36 +176,24 @@ def backward_traffic(nq: int, nk: int, d: int, *, block_q: int, block_k: int, ca
                      bytes_per_element: int = 2) -> dict[str, tuple[int, int]]:
     """HBM bytes ``{tensor: (read, written)}`` of ``flashlib.ladder.fa2.backward`` for one head
     (``Nq x d`` queries, ``Nk x d`` keys and values), counted tensor by tensor from the structure of
-    Algorithm 2 as the ladder runs it, and checked: their sums equal what an
-    :class:`~flashlib.ladder.iomodel.IOCounter` counts while the ladder function runs (else
-    RuntimeError). Tensors: Q, K, V, O, dO, L (the saved log-sum-exp), D = rowsum(dO * O), dQ, dK, dV.
+    Algorithm 2 as the ladder runs it; their sums are what an
+    :class:`~flashlib.ladder.iomodel.IOCounter` counts while the ladder function runs (the test
+    checks it on adversarial shapes). Tensors: Q, K, V, O, dO, L (the saved log-sum-exp), D = rowsum(dO * O), dQ, dK, dV.
 
     Explained in: notebooks/05_backward.
     Tested in: tests/figures/test_partition.py.
     """
-    from ..ladder import fa2
-    from ..ladder.iomodel import IOCounter
-    from ..testing import random_qkv
     nq, nk = check_int(nq, "nq", 1, 4096), check_int(nk, "nk", 1, 4096)
     d = check_int(d, "d", 1, 256)
     br, bc = check_int(block_q, "block_q", 1), check_int(block_k, "block_k", 1)
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be True or False, got {type(causal).__name__} {causal!r}")
+    causal = check_flag(causal, "causal")
     b = check_int(bytes_per_element, "bytes_per_element", 1, 8)
-    tiles = _tiles(nq, nk, br, bc, bool(causal))
+    tiles = _tiles(nq, nk, br, bc, causal)
     rows = sum(min(i + br, nq) - i for i, _ in tiles)        # query rows loaded, over all tiles
     t = {"Q": (rows * d, 0), "dO": (nq * d + rows * d, 0), "O": (nq * d, 0), "L": (rows, 0),
          "D": (rows, nq), "K": (nk * d, 0), "V": (nk * d, 0), "dQ": (rows * d, nq * d + rows * d),
          "dK": (0, nk * d), "dV": (0, nk * d)}
     t = {name: (r * b, w * b) for name, (r, w) in t.items()}
-    q, k, v = random_qkv(nq, nk, d, seed=0)
-    o, lse = fa2.forward(q, k, v, causal=bool(causal))
-    io = IOCounter(bytes_per_element=b)
-    fa2.backward(q, k, v, o, lse, np.ones_like(o), causal=bool(causal), block_q=br, block_k=bc, io=io)
-    read, written = sum(r for r, _ in t.values()), sum(w for _, w in t.values())
-    if (read, written) != (io.hbm_read_bytes, io.hbm_write_bytes):      # pragma: no cover - a bug
-        raise RuntimeError(f"per-tensor counts ({read}, {written}) differ from fa2.backward's "
-                           f"IOCounter ({io.hbm_read_bytes}, {io.hbm_write_bytes})")
     return t
 
 
@@ -215,7 +203,7 @@ def backward_dataflow(nq: int = 256, nk: int = 256, d: int = 64, *, block_q: int
 
     Left: the tensors in HBM and the chip of one key-block program, with arrows for what is read and
     written, when (once, per key block, per tile), and the bytes each tensor moves in total for this
-    problem (fp16, from :func:`backward_traffic`, checked against an IOCounter run). ``D =
+    problem (fp16, from :func:`backward_traffic`, whose test checks it against an IOCounter run). ``D =
     rowsum(dO * O)`` is computed once before the loops; ``dK_j``, ``dV_j`` accumulate on chip over the
     query blocks and are written once; ``dQ_i`` is read, added to and written back at every tile (the
     ladder runs its tiles one after another, so no atomics; on a GPU the key-block programs run at the
@@ -226,7 +214,7 @@ def backward_dataflow(nq: int = 256, nk: int = 256, d: int = 64, *, block_q: int
     Tested in: tests/figures/test_partition.py.
     """
     traffic = backward_traffic(nq, nk, d, block_q=block_q, block_k=block_k, causal=causal)
-    tiles = _tiles(nq, nk, block_q, block_k, bool(causal))
+    tiles = _tiles(nq, nk, block_q, block_k, causal)
     tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_k)
     fig = Figure(figsize=(7.6, 8.4), layout="constrained")
     flow, grid = fig.subplots(2, 1, height_ratios=(1.75, 1))

@@ -65,7 +65,7 @@ def source(version: str, function: str | None = None, *more: str, fold=()):
     if function is None:
         if more or fold:
             raise ValueError("more and fold need a function: source(version, function, *more)")
-        return _CudaListing([(text, False, None)])
+        return _listing([(text, False, None)])
     for i, name in enumerate(names):
         if not isinstance(name, str):
             what = "function" if i == 0 else f"more[{i - 1}]"
@@ -77,7 +77,7 @@ def source(version: str, function: str | None = None, *more: str, fold=()):
     for name in names:
         body, signature = function_source(text, name, where=SOURCES[version])
         parts.append((body, name in fold, signature))
-    return _CudaListing(parts)
+    return _listing(parts)
 
 
 def excerpt(version: str, start: str, end: str | None = None):
@@ -113,7 +113,7 @@ def excerpt(version: str, start: str, end: str | None = None):
     cut = min((len(ln) - len(ln.lstrip(" ")) for ln in part if ln.strip() and not ln.startswith("#")),
               default=0)
     part = [ln[cut:] if ln[:cut].strip() == "" else ln for ln in part]
-    return _CudaListing([("".join(part), False, None)])
+    return _listing([("".join(part), False, None)])
 
 
 def _file_text(version) -> str:
@@ -228,38 +228,11 @@ def _skip_context(text: str, i: int) -> bool:
     return False
 
 
-def _listing_class():
+def _listing(parts):
+    """A CUDA :class:`flashlib.display.Listing` of ``(text, folded, summary)`` parts."""
     from ...display import Listing
+    return Listing(parts, language="cuda")
 
-    class CudaListing(Listing):
-        """A :class:`flashlib.display.Listing` of CUDA parts; a folded part's summary is its
-        function's signature rather than its first line (often a comment)."""
-
-        def __init__(self, parts):
-            super().__init__([(t, f) for t, f, _ in parts], language="cuda")
-            self.signatures = [s for _, _, s in parts]
-
-        def _repr_html_(self) -> str:
-            import html as _html
-            from pygments import highlight
-            from pygments.formatters import HtmlFormatter
-            from pygments.lexers import get_lexer_by_name
-            lexer, out = get_lexer_by_name("cuda"), []
-            for (text, folded), signature in zip(self.parts, self.signatures):
-                block = highlight(text, lexer, HtmlFormatter(cssclass="highlight"))
-                if folded:
-                    n = len(text.splitlines())
-                    summary = _html.escape(f"{signature} … ({n} lines, click to open)", quote=False)
-                    block = (f'<details class="flashbook-fold"><summary>{summary}</summary>'
-                             f"{block}</details>")
-                out.append(block)
-            return "\n".join(out)
-
-    return CudaListing
-
-
-def _CudaListing(parts):
-    return _listing_class()(parts)
 
 
 def prebuild(versions=("v1", "v2", "v3", "decode"), sanitizers=(None,)):
