@@ -33,11 +33,7 @@ from .backends import BACKENDS
 if "triton" not in sys.modules and importlib.util.find_spec("triton") is not None:
     from .kernels import triton as _flashlib_triton  # noqa: F401
 
-__all__ = ["attention_op", "decode_op", "attention", "decode", "path"]
-
-
-def _blocks(block_q: int, block_k: int):
-    return (block_q or None, block_k or None)      # 0 travels through the op as "not chosen"
+__all__ = ["attention_op", "decode_op", "Attention", "forward_impl", "decode_impl", "kernel_kw", "path"]
 
 
 def _nothing_to_compute(q) -> bool:
@@ -45,27 +41,39 @@ def _nothing_to_compute(q) -> bool:
     return q.numel() == 0 or q.is_meta
 
 
-def _fwd_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
+def kernel_kw(name):
+    """The keyword a backend gets for a kernel version: none when the caller named none (a backend
+    without versions, registered by a user, need not take it)."""
+    return {} if name is None else {"kernel": name}
+
+
+def forward_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd):
+    """The forward of the op and of :class:`Attention`: ``(o, lse)``, contiguous (the op's promise: see
+    its fake), from the backend; empty or meta inputs answered without one."""
     if _nothing_to_compute(q):
         return _fake_outputs(q)
     o, lse = BACKENDS[backend].forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
-                                       blocks=_blocks(block_q, block_k))
-    return o.contiguous(), lse.contiguous()         # the op's promise (see its fake below)
+                                       blocks=(block_q, block_k), **kernel_kw(kernel_fwd))
+    return o.contiguous(), lse.contiguous()
 
 
-def _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k):
+def _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd,
+              kernel_bwd):
     if _nothing_to_compute(q):                        # no query: no gradient anywhere
         return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     grads = BACKENDS[backend].backward(q, k, v, o, lse, do, causal=causal, scale=scale,
-                                       allow_tf32=allow_tf32, blocks=_blocks(block_q, block_k))
+                                       allow_tf32=allow_tf32, blocks=(block_q, block_k),
+                                       **kernel_kw(kernel_bwd))
     return tuple(g.contiguous() for g in grads)
 
 
-def _decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend):
+def decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel):
+    """The decode of the op: ``(o, lse)``, contiguous, from the backend; empty or meta inputs answered
+    without one."""
     if _nothing_to_compute(q):
         return _fake_outputs(q)
     o, lse = BACKENDS[backend].decode(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
-                                      scale=scale)
+                                      scale=scale, **kernel_kw(kernel))
     return o.contiguous(), lse.contiguous()
 
 
@@ -77,21 +85,30 @@ def _fake_outputs(q):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *args = inputs                           # causal, scale, allow_tf32, backend, blocks
+    q, k, v, *args = inputs                   # causal, scale, allow_tf32, backend, blocks, kernels
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.args = tuple(args)
     ctx.mark_non_differentiable(lse)                   # lse is an output to read, not to train
 
 
-class _Attention(torch.autograd.Function):
+class Attention(torch.autograd.Function):
     """The autograd of attention without a custom op: the eager path when only autograd needs it
-    (:func:`path` = "function"), and everything on a torch without :mod:`torch.library` custom ops."""
+    (:func:`path` = "function"), and everything on a torch without :mod:`torch.library` custom ops.
+    Its forward calls the backend itself (no frame between: flashlib.attention to the launch is at
+    most 6 frames, tests/test_frames.py)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
-        o, lse = _fwd_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)
-        _setup_context(ctx, (q, k, v, causal, scale, allow_tf32, backend, block_q, block_k), (o, lse))
+    def forward(ctx, q, k, v, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd):
+        if _nothing_to_compute(q):
+            o, lse = _fake_outputs(q)
+        else:
+            o, lse = BACKENDS[backend].forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
+                                               blocks=(block_q, block_k), **kernel_kw(kernel_fwd))
+            o, lse = o.contiguous(), lse.contiguous()
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = (causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd)
+        ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
@@ -108,34 +125,39 @@ class _Attention(torch.autograd.Function):
             grads = attention_bwd(q, k, v, o, lse, do.contiguous(), *ctx.args)
         else:
             grads = _bwd_impl(q, k, v, o, lse, do.contiguous(), *ctx.args)
-        return (*grads, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None)
 
 
 if hasattr(torch.library, "custom_op"):
+    # "No choice" (blocks, kernels) is None all the way down: the schema's optional ints and strs.
     @torch.library.custom_op("flashlib::attention_fwd", mutates_args=(), schema=(
         "(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool allow_tf32, str backend,"
-        " int block_q, int block_k) -> (Tensor, Tensor)"))
-    def attention_fwd(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
-        return _fwd_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)
+        " int? block_q, int? block_k, str? kernel_fwd, str? kernel_bwd) -> (Tensor, Tensor)"))
+    def attention_fwd(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd):
+        return forward_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd,
+                            kernel_bwd)
 
     @attention_fwd.register_fake
-    def _(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
+    def _(q, k, v, *args):
         return _fake_outputs(q)
 
     @torch.library.custom_op("flashlib::attention_bwd", mutates_args=(), schema=(
         "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, float scale,"
-        " bool allow_tf32, str backend, int block_q, int block_k) -> (Tensor, Tensor, Tensor)"))
-    def attention_bwd(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k):
-        return _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k)
+        " bool allow_tf32, str backend, int? block_q, int? block_k, str? kernel_fwd, str? kernel_bwd)"
+        " -> (Tensor, Tensor, Tensor)"))
+    def attention_bwd(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd,
+                      kernel_bwd):
+        return _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k,
+                         kernel_fwd, kernel_bwd)
 
     @attention_bwd.register_fake
-    def _(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k):
+    def _(q, k, v, *args):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def _backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = attention_bwd(q, k, v, o, lse, do.contiguous(), *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
     attention_fwd.register_autograd(_backward, setup_context=_setup_context)
     attention_op = attention_fwd
@@ -143,17 +165,17 @@ if hasattr(torch.library, "custom_op"):
     # Decode is inference only: no autograd registered (flashlib.decode refuses inputs needing grad).
     @torch.library.custom_op("flashlib::decode", mutates_args=(), schema=(
         "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, int num_splits, float scale,"
-        " str backend) -> (Tensor o, Tensor lse)"))
-    def decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend):
-        return _decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend)
+        " str backend, str? kernel) -> (Tensor o, Tensor lse)"))
+    def decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel):
+        return decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel)
 
     @decode_op.register_fake
-    def _(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend):
+    def _(q, *args):
         return _fake_outputs(q)
 
 else:  # pragma: no cover - torch < 2.4
-    attention_op = _Attention.apply
-    decode_op = _decode_impl
+    attention_op = Attention.apply
+    decode_op = decode_impl
 
 
 def path(*tensors) -> str:
@@ -184,34 +206,3 @@ def path(*tensors) -> str:
     if torch.is_grad_enabled() and any(t.requires_grad for t in present):
         return "function"
     return "backend"
-
-
-def attention(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k):
-    """``(o, lse)`` from backend ``backend`` (validated arguments, as :func:`flashlib.attention` passes
-    them) the way :func:`path` chooses: the custom op, the autograd Function, or the backend directly.
-
-    Explained in: notebooks/07_triton.
-    Tested in: tests/test_ops.py.
-    """
-    way = path(q, k, v)
-    args = (q, k, v, causal, scale, allow_tf32, backend, block_q, block_k)
-    if way == "op":
-        return attention_op(*args)
-    if way == "function":
-        return _Attention.apply(*args)
-    return _fwd_impl(*args)
-
-
-def decode(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend):
-    """``(o, lse)`` of backend ``backend``'s decode (validated arguments, as :func:`flashlib.decode`
-    passes them; ``cache_seqlens`` may be None): through :data:`decode_op` where :func:`path` says
-    "op", else the backend directly (decode has no autograd: "function" cannot arise, as
-    :func:`flashlib.decode` refuses inputs that need a gradient).
-
-    Explained in: notebooks/07_triton.
-    Tested in: tests/test_ops.py.
-    """
-    args = (q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend)
-    if path(q, k_cache, v_cache, cache_seqlens) == "op":
-        return decode_op(*args)
-    return _decode_impl(*args)

@@ -10,7 +10,14 @@ Three thin layers, as in flash-attn's interface:
    with fake implementations, so torch.compile needs no graph break) that call a backend's forward,
    backward and decode;
 3. this module: the public functions, which check every argument with the one validator
-   (:mod:`flashlib.validation`), pick the backend (:func:`flashlib.backends.resolve`) and call the op.
+   (:mod:`flashlib.validation`), pick the backend (:func:`flashlib.backends.resolve`) and call it the
+   cheapest way that is still correct (:func:`flashlib._ops.path`): the backend itself for eager
+   inference, the autograd Function when only autograd needs a backward, the op for torch.compile.
+
+From ``flashlib.attention`` to a Triton kernel's launch there are at most 6 flashlib frames, with or
+without grad: this function, the autograd Function's forward (with grad), the backend's forward, the
+kernel's launcher, :meth:`KernelSpec.launch <flashlib.kernels.triton.spec.KernelSpec.launch>` and the
+launch itself (tests/test_frames.py counts them).
 
 Importing this module imports neither torch nor triton; both are imported when first used.
 
@@ -19,6 +26,7 @@ Explained in: notebooks/07_triton.
 from __future__ import annotations
 
 from . import backends
+from .backends.variants import check_decode_kernel, check_kernel
 from .validation import (MAX_HEAD_DIM, check_block, check_cache_seqlens, check_flag, check_num_splits,
                          check_scale, check_tensors)
 
@@ -28,7 +36,7 @@ CPU_SPLIT_SMS = 4       # decode's split heuristic on a CPU: pretend to fill 4 "
 
 
 def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="auto", allow_tf32=False,
-              block_q=None, block_k=None):
+              block_q=None, block_k=None, kernel=None):
     """Exact attention ``softmax(scale · q kᵀ) v``, FlashAttention-2 style, differentiable.
 
     Args:
@@ -57,7 +65,14 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
             is computed in true fp32 (``input_precision="ieee"``).
         block_q, block_k: choose the chunking yourself (query rows and keys per tile, forward and
             backward): positive ints for "reference", powers of two >= 16 for "triton"; None lets
-            the backend choose (Triton: per-architecture table). "cuda" sizes its own tiles.
+            the backend choose (Triton: per-architecture table; one of the two may be None).
+            "cuda" sizes its own tiles.
+        kernel: which version of the backend's kernels runs (:mod:`flashlib.backends.variants`):
+            None (the backend's default, or the environment's: ``FLASHLIB_TRITON_FWD``,
+            ``FLASHLIB_TRITON_BWD``), a forward version (``"v4"``: Triton's TMA forward; ``"v2"``:
+            CUDA's WMMA forward), or a pair ``(forward, backward)`` of versions or None
+            (``("v4", "v5")``). A named version that cannot run the inputs is a ValueError saying
+            why. ``flashlib.backends.BACKENDS[name].kernels`` lists them; "reference" has none.
 
     Returns:
         ``o`` ``(B, H, Nq, d)`` in q's dtype, or ``(o, lse)`` if ``return_lse``. Gradients flow to
@@ -84,16 +99,26 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
     allow_tf32 = check_flag(allow_tf32, "allow_tf32")
     scale = check_scale(scale, q.shape[-1])
     chosen = backends.resolve(backend, q, "attention")
-    bq = 0 if block_q is None else check_block(block_q, "block_q")    # 0: the backend chooses
-    bk = 0 if block_k is None else check_block(block_k, "block_k")
-    from . import _ops                                # autograd; imports torch (first use only)
-    o, lse = _ops.attention(q, k, v, causal, scale, allow_tf32, chosen.name, bq, bk)
+    bq = None if block_q is None else check_block(block_q, "block_q")   # None: the backend chooses
+    bk = None if block_k is None else check_block(block_k, "block_k")
+    kf, kb = check_kernel(kernel, chosen.name, chosen.kernels)
+    from . import _ops                       # autograd and the custom ops (imports torch on first use)
+    # The cheapest way that is still correct (_ops.path): the backend itself for eager inference, the
+    # autograd Function when only autograd needs a backward, the custom op for torch.compile & co.
+    way = _ops.path(q, k, v)
+    if way == "backend" and q.numel() and not q.is_meta:
+        o, lse = chosen.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
+                                blocks=(bq, bk), **_ops.kernel_kw(kf))
+        o, lse = o.contiguous(), lse.contiguous()
+    else:
+        run = _ops.attention_op if way == "op" else _ops.Attention.apply
+        o, lse = run(q, k, v, causal, scale, allow_tf32, chosen.name, bq, bk, kf, kb)
     return (o, lse) if return_lse else o
 
 
 def attention_qkvpacked(qkv, *, causal=False, scale=None, return_lse=False,
                         backend="auto", allow_tf32=False, block_q=None,
-                        block_k=None):
+                        block_k=None, kernel=None):
     """:func:`attention` on a packed ``qkv`` ``(B, N, 3, H, d)`` — the layout
     a fused QKV projection produces (flash-attn's
     ``flash_attn_qkvpacked_func``; flash-attention-ipu's packed entry point).
@@ -101,7 +126,8 @@ def attention_qkvpacked(qkv, *, causal=False, scale=None, return_lse=False,
     Q, K and V are strided views of ``qkv`` (no copy on "triton"). Returns
     ``o`` ``(B, N, H, d)`` (and ``lse`` ``(B, H, N)`` if ``return_lse``);
     gradients flow back into ``qkv``. ``block_q`` / ``block_k`` choose the
-    query and key chunking as in :func:`attention`.
+    query and key chunking, ``kernel`` the kernel version, as in
+    :func:`attention`.
 
     Explained in: notebooks/09_models.
     Tested in: tests/test_api_packed_blocks.py.
@@ -117,7 +143,8 @@ def attention_qkvpacked(qkv, *, causal=False, scale=None, return_lse=False,
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     out = attention(q, k, v, causal=causal, scale=scale,
                     return_lse=return_lse, backend=backend,
-                    allow_tf32=allow_tf32, block_q=block_q, block_k=block_k)
+                    allow_tf32=allow_tf32, block_q=block_q, block_k=block_k,
+                    kernel=kernel)
     o, lse = out if return_lse else (out, None)
     o = o.transpose(1, 2)                                   # (B, N, H, d)
     return (o, lse) if return_lse else o
@@ -156,7 +183,7 @@ def _default_num_splits(q, k_cache) -> int:
 
 
 def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,
-           backend="auto"):
+           backend="auto", kernel=None):
     """Attention of a few new queries to a KV cache, Flash-Decoding style (split-KV, then combine).
 
     Args:
@@ -183,6 +210,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
         scale: softmax scale, default ``d ** -0.5``.
         return_lse: also return the float32 ``lse (B, H, Nq)`` (natural log).
         backend: "triton", "reference", "cuda" or "auto", as for :func:`attention`.
+        kernel: the decode kernel's version (None: the backend's; each backend has one today,
+            "v3" for "triton", "v1" for "cuda"), as for :func:`attention`.
 
     Returns:
         ``o`` ``(B, H, Nq, d)`` in q's dtype, or ``(o, lse)``. Inference only: not differentiable.
@@ -211,6 +240,13 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
         raise ValueError("decode is inference-only (not differentiable), but q, k_cache or v_cache "
                          "requires grad: call it under torch.no_grad(), or use flashlib.attention")
     chosen = backends.resolve(backend, q, "decode")
+    kernel = check_decode_kernel(kernel, chosen.name, chosen.kernels)
     from . import _ops                                # the op torch.compile sees (first use only)
-    o, lse = _ops.decode(q, k_cache, v_cache, cache_seqlens, num_splits, scale, chosen.name)
+    # the backend itself, or the op where torch.compile & co. need one (_ops.path; decode has no
+    # autograd: "function" cannot arise, as inputs that need a gradient were refused above)
+    if _ops.path(q, k_cache, v_cache, cache_seqlens) == "op":
+        o, lse = _ops.decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, chosen.name, kernel)
+    else:
+        o, lse = _ops.decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, chosen.name,
+                                  kernel)
     return (o, lse) if return_lse else o

@@ -13,7 +13,7 @@ already live on the CPU; a device tensor's lengths are never read (tests/test_va
 Both ways a call can reach its backend are watched (flashlib._ops.path):
 * the op: the whole call inside the watch — a dispatch mode on the stack is what sends it to the op;
 * the lean ways (the autograd Function, the backend directly): path() must see no mode, so the watch
-  is switched on around the backend calls only (_ops._fwd_impl, _bwd_impl, _decode_impl), which the
+  is switched on around the backend calls only (the triton backend's forward, backward, decode), which the
   op runs too: a custom op hides what runs inside it from a mode around the whole call. The code above
   _ops (validation, the split rule, the backend's choice) is the same on both ways: the op's watch
   covers it.
@@ -21,6 +21,7 @@ Both ways a call can reach its backend are watched (flashlib._ops.path):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import flashlib
 from api_cases import make_qkv
 from conftest import DEVICE
-from flashlib import _ops
+from flashlib.backends import BACKENDS
 
 # aten ops whose result the host must wait for: a value (item, int(), bool()) or a shape that depends
 # on values (nonzero, masked_select, unique)
@@ -84,12 +85,18 @@ def watched(monkeypatch):
     from flashlib.kernels.triton.spec import KernelSpec
     record = {"ops": [], "launches": [], "ways": []}
     monkeypatch.setattr(KernelSpec, "_run", lambda spec, grid, args, kw: record["launches"].append(spec.name))
-    for name in ("_fwd_impl", "_bwd_impl", "_decode_impl"):
-        def watched_impl(*args, _real=getattr(_ops, name), _name=name):
-            record["ways"].append(_name)
-            with watch(record["ops"]):
-                return _real(*args)
-        monkeypatch.setattr(_ops, name, watched_impl)
+    def watching(backend):
+        """``backend`` with its forward, backward and decode run inside the watch, each recorded."""
+        def watched_call(name):
+            def call(*args, **kwargs):
+                record["ways"].append(name)
+                with watch(record["ops"]):
+                    return getattr(backend, name)(*args, **kwargs)
+            return call
+        return dataclasses.replace(backend, forward=watched_call("forward"), backward=watched_call("backward"),
+                                   decode=watched_call("decode"))
+    monkeypatch.setitem(BACKENDS, "triton", watching(BACKENDS["triton"]))
+    record["watching"] = watching
     return record
 
 
@@ -109,7 +116,7 @@ def test_attention_forward_and_backward_read_nothing_back(watched, way, causal):
         torch.autograd.grad(o, leaves, do)
         with torch.no_grad():
             flashlib.attention(q, k, v, causal=causal, backend="triton")
-    assert watched["ways"] == ["_fwd_impl", "_bwd_impl", "_fwd_impl"]
+    assert watched["ways"] == ["forward", "backward", "forward"]
     assert ("flashlib.attention_fwd.default" in watched["ops"]) == (way == "op")
     assert watched["launches"][0] == watched["launches"][-1] and "fa2_bwd_dq" in watched["launches"]
 
@@ -123,7 +130,7 @@ def test_decode_reads_nothing_back(watched, way, lengths):
     with around:
         flashlib.decode(q, kc, vc, cache_seqlens=lens, backend="triton")          # num_splits: the rule
         flashlib.decode(q, kc, vc, cache_seqlens=lens, num_splits=4, backend="triton")
-    assert watched["ways"] == ["_decode_impl"] * 2
+    assert watched["ways"] == ["decode"] * 2
     assert ("flashlib.decode.default" in watched["ops"]) == (way == "op")
     assert watched["launches"][-2:] == ["decode_split", "decode_combine"]
 
@@ -139,7 +146,8 @@ def test_the_watch_catches_a_read_back(watched, monkeypatch):
         def decode(q, k, v, lens, **kw):
             planted(lens)
             return triton.decode(q, k, v, lens, **kw)
-        with registered(Backend("planted", triton.forward, triton.backward, decode, triton.check)):
+        with registered(watched["watching"](Backend("planted", triton.forward, triton.backward, decode,
+                                                     triton.check))):
             for around in (contextlib.nullcontext(), watch([])):
                 with pytest.raises(AssertionError, match="host read-back|host copy"), around:
                     flashlib.decode(q, kc, vc, cache_seqlens=lens, backend="planted")

@@ -5,6 +5,7 @@ graph break.
 On conftest's DEVICE: the op runs the compiled Triton kernels on a GPU machine, the reference on a CPU.
 """
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -82,9 +83,9 @@ def test_custom_op_passes_torch_opcheck():
     q, k, v = make_qkv(dtype=torch.float32, grad=True)
     flashlib.attention(q, k, v, backend="reference")             # registers the ops on first use
     torch.library.opcheck(torch.ops.flashlib.attention_fwd.default,
-                          (q, k, v, True, 0.25, False, "reference", 0, 0))
+                          (q, k, v, True, 0.25, False, "reference", None, None, None, None))
     torch.library.opcheck(torch.ops.flashlib.attention_fwd.default,
-                          (q, k, v, False, 0.25, False, "reference", 5, 3))      # user blocks
+                          (q, k, v, False, 0.25, False, "reference", 5, 3, None, None))   # user blocks
 
 
 def test_attention_compiles_without_graph_breaks():
@@ -187,8 +188,10 @@ def ways(monkeypatch):
     def spy(name, fn):
         return lambda *args: taken.append(name) or fn(*args)
     monkeypatch.setattr(_ops, "attention_op", spy("op", _ops.attention_op))
-    monkeypatch.setattr(_ops._Attention, "apply", spy("function", _ops._Attention.apply))
-    monkeypatch.setattr(_ops, "_fwd_impl", spy("backend", _ops._fwd_impl))
+    monkeypatch.setattr(_ops.Attention, "apply", spy("function", _ops.Attention.apply))
+    for name, real in list(BACKENDS.items()):
+        monkeypatch.setitem(BACKENDS, name, dataclasses.replace(
+            real, forward=lambda *a, _real=real, **kw: taken.append("backend") or _real.forward(*a, **kw)))
     return taken
 
 
@@ -202,7 +205,7 @@ def test_each_call_takes_the_way_path_documents(ways):
     flashlib.attention(qg, k, v, backend="reference")
     with FlopCounterMode(display=False):
         flashlib.attention(qg, k, v, backend="reference")
-    # the function and the op call the backend through _fwd_impl themselves: "backend" follows them
+    # the function and the op call the backend themselves: "backend" follows them
     assert ways == ["backend", "function", "backend", "op", "backend"]
     torch._dynamo.reset()
     explain = torch._dynamo.explain(lambda q, k, v: flashlib.attention(q, k, v, backend="reference"))(qg, k, v)
@@ -307,7 +310,7 @@ def test_decode_op_passes_opcheck_and_its_fake_is_the_real_op(backend, dtype, st
     if strided:
         q = q.transpose(1, 2).contiguous().transpose(1, 2)      # (B, H, Nq, d) viewed from (B, Nq, H, d)
     seqlens = torch.tensor([20, 7], dtype=getattr(torch, lens), device=DEVICE)
-    args = (q, kc, vc, seqlens, 2, 0.25, backend)
+    args = (q, kc, vc, seqlens, 2, 0.25, backend, None)
     flashlib.decode(q, kc, vc, backend=backend)                  # registers the ops on first use
     torch.library.opcheck(torch.ops.flashlib.decode.default, args)
     real = torch.ops.flashlib.decode.default(*args)

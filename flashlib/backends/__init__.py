@@ -38,7 +38,10 @@ class Backend:
     like k, v: GQA groups summed); ``decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale)
     -> (o, lse)`` (``cache_seqlens`` None: every sequence uses the whole cache); ``check(q, op)``
     raises (ValueError/RuntimeError with the reason) when this backend cannot run on ``q``'s device
-    and dtype in this process, ``op`` being "attention" or "decode".
+    and dtype in this process, ``op`` being "attention" or "decode". ``kernels``: its kernel versions,
+    ``{"forward" | "backward" | "decode": Family}`` (:mod:`flashlib.backends.variants`); a backend
+    with versions takes ``kernel=`` (a version name, or None: its default) in the three functions, and
+    is passed it only when the caller names one.
     Inputs reach a backend validated (:mod:`flashlib.validation`): same dtype and device,
     ``H % Hkv == 0``, head dim <= 256. ``lse`` is float32 (float64 for float64 inputs).
 
@@ -51,6 +54,7 @@ class Backend:
     decode: Callable
     check: Callable
     description: str = field(default="", compare=False)
+    kernels: dict = field(default_factory=dict, compare=False)
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -138,4 +142,4 @@ def auto_choice(q, op: str = "attention") -> tuple[str, str | None]:
 
 for _name, _module in (("reference", reference), ("triton", triton), ("cuda", cuda)):
     register_backend(Backend(_name, _module.forward, _module.backward, _module.decode, _module.check,
-                             _module.DESCRIPTION))
+                             _module.DESCRIPTION, _module.KERNELS))

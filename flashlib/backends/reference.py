@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 DESCRIPTION = "the ladder's NumPy fa2/decoding on a CPU copy (slow; any device)"
+KERNELS: dict = {}      # one algorithm per role: no versions to choose (kernel= must be None)
 
 
 def _to_numpy(x) -> np.ndarray:
@@ -31,7 +32,7 @@ def _lse_to_torch(lse: np.ndarray, q):
     return _to_torch(lse, q, torch.promote_types(q.dtype, torch.float32))   # float32; float64 stays
 
 
-def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
+def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None), kernel=None):
     """Backend.forward: the ladder's :func:`flashlib.ladder.fa2.forward` on a CPU copy, GQA expanded.
     Explained in: notebooks/07_triton."""
     from ..ladder import fa2
@@ -43,7 +44,7 @@ def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None)):
     return _to_torch(o, q), _lse_to_torch(lse, q)
 
 
-def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None)):
+def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None), kernel=None):
     """Backend.backward: :func:`flashlib.ladder.fa2.backward`; dk, dv summed back per GQA group.
     Explained in: notebooks/07_triton."""
     from ..ladder import fa2
@@ -58,7 +59,7 @@ def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(No
     return _to_torch(dq, q), _to_torch(dk, k), _to_torch(dv, v)
 
 
-def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale):
+def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale, kernel=None):
     """Backend.decode: :func:`flashlib.ladder.decoding.forward`, sequence by sequence
     (``cache_seqlens`` None: every sequence uses the whole cache). Explained in: notebooks/07_triton."""
     from ..ladder import decoding

@@ -115,19 +115,23 @@ def info() -> dict:
 
 
 def _triton_version(variable: str) -> str:
-    """Which Triton kernel ``backend="triton"`` runs, as the environment variable ``variable`` chooses
-    (FLASHLIB_TRITON_FWD or FLASHLIB_TRITON_BWD; flashlib.backends.triton)."""
+    """Which Triton kernel ``backend="triton"`` runs, as the environment variable ``variable`` sets its
+    default (FLASHLIB_TRITON_FWD or FLASHLIB_TRITON_BWD; flashlib.backends.triton's tables)."""
     import os
 
-    from ..backends.triton import KNOBS
-    versions = KNOBS[variable]
+    from ..backends.triton import BACKWARD, FORWARD
+    family = FORWARD if variable == FORWARD.env else BACKWARD
+    default, other = family.variants
     wanted = os.environ.get(variable)
     if wanted is None:
-        return f"{versions[0]} (default; {variable}=tma runs the TMA kernel where it applies)"
-    if wanted not in versions:
-        return f"{variable}={wanted!r} is not one of {versions}: backend='triton' will refuse"
-    return f"{wanted} ({variable})" + (" wherever fa2_fwd_tma.supported agrees, else "
-                                       f"{versions[0]}" if wanted == "tma" else "")
+        return f"{default.name} (default; {variable}={other.name} runs {other.name} where it applies)"
+    try:
+        chosen = family.get(wanted, source=variable)
+    except ValueError as exc:
+        return f"{exc}: backend='triton' will refuse"
+    if chosen is default:
+        return f"{default.name} ({variable})"
+    return f"{chosen.name} ({variable}) wherever fa2_fwd_tma.supported agrees, else {default.name}"
 
 
 def format_info(d: dict) -> str:

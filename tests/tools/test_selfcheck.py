@@ -25,15 +25,17 @@ def test_info_lists_versions_device_and_backends():
                     "CUDA backward; bfloat16: forward v3, CUDA backward") in why, why
 
 
-@pytest.mark.parametrize("variable, default", [("FLASHLIB_TRITON_FWD", "v1"), ("FLASHLIB_TRITON_BWD", "v2")])
-@pytest.mark.parametrize("env, expect", [(None, "{default} (default;"), ("tma", "tma ({variable}) wherever"),
-                                         ("v7", "is not one of ('{default}', 'tma')")])
-def test_info_says_which_triton_kernels_run(monkeypatch, variable, default, env, expect):
+@pytest.mark.parametrize("variable, default, other", [("FLASHLIB_TRITON_FWD", "v1", "v4"),
+                                                     ("FLASHLIB_TRITON_BWD", "v2", "v5")])
+@pytest.mark.parametrize("env, expect", [(None, "{default} (default;"), ("tma", "{other} ({variable}) wherever"),
+                                         ("{other}", "{other} ({variable}) wherever"),
+                                         ("v7", "must be one of ('{default}', '{other}')")])
+def test_info_says_which_triton_kernels_run(monkeypatch, variable, default, other, env, expect):
     if env is None:
         monkeypatch.delenv(variable, raising=False)
     else:
-        monkeypatch.setenv(variable, env)
-    expect = expect.format(default=default, variable=variable)
+        monkeypatch.setenv(variable, env.format(other=other))
+    expect = expect.format(default=default, variable=variable, other=other)
     line = selfcheck._triton_version(variable)
     assert expect in line
     key = "triton forward" if variable.endswith("FWD") else "triton backward"

@@ -26,15 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from triton.runtime.errors import OutOfResources
-
 from ... import hardware as _hardware
 from ...hardware import ARCH_SMEM_LIMIT, cuda_device, device_facts
 from . import versions
-from .spec import KernelSpec
 
 __all__ = ["Config", "KERNELS", "CANDIDATES", "SM75", "SM90", "INTERPRETER", "hazard", "safe", "arch_config",
-           "arch_candidates", "pick_config", "launch", "run_with_fallback", "device_arch",
+           "arch_candidates", "pick_config", "candidates", "device_arch",
            "check_dtype_arch", "upcast_tiles", "tile_plan", "refusal", "FP32", "SM90_FP32", "SM75_FP32",
            "table"]
 
@@ -48,12 +45,14 @@ SM75_SMEM_FACTOR = 2
 @dataclass(frozen=True)
 class Config:
     """One launch configuration: query rows per program, keys per step, warps, pipeline stages.
+    A caller's choice may leave block_m or block_n None: the table's first candidate fills it
+    (:func:`candidates`).
 
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_configs.py.
     """
-    block_m: int
-    block_n: int
+    block_m: int | None
+    block_n: int | None
     num_warps: int = 4
     num_stages: int = 2
 
@@ -159,11 +158,11 @@ def safe(kernel: str, cfg: Config) -> Config:
     return Config(cfg.block_m, cfg.block_n, cfg.num_warps, 1)
 
 
-def _table_spec(kernel) -> KernelSpec:
+def _table_spec(kernel):
     """``kernel`` checked: the KernelSpec of a kernel that has a config table (e.g. fa2_fwd.SPEC)."""
-    if not isinstance(kernel, KernelSpec) or kernel.config not in KERNELS:
-        got = f"{type(kernel).__name__} {kernel!r}" if not isinstance(kernel, KernelSpec) else \
-            f"the spec of {kernel.name}, which has a fixed config"
+    if getattr(kernel, "config", None) not in KERNELS or not hasattr(kernel, "smem"):
+        got = (f"the spec of {kernel.name}, which has a fixed config" if hasattr(kernel, "fixed")
+               else f"{type(kernel).__name__} {kernel!r}")
         raise TypeError(f"kernel must be the KernelSpec of a kernel with a config table {KERNELS} "
                         f"(e.g. fa2_fwd.SPEC), got {got}")
     return kernel
@@ -181,7 +180,7 @@ def _limit_bytes(arch: str) -> int:
     return ARCH_SMEM_LIMIT[max(known, key=_cc)] * 1024 if known else 48 * 1024
 
 
-def arch_candidates(kernel: KernelSpec, arch: str, block_d: int, elem_bytes: int, *,
+def arch_candidates(kernel, arch: str, block_d: int, elem_bytes: int, *,
                     limit: int | None = None) -> list[Config]:
     """The candidates of ``kernel``'s table (``kernel.config``) on ``arch`` whose shared-memory estimate
     (``kernel.smem``, written beside the kernel) fits, largest first — at least the smallest candidate,
@@ -215,7 +214,7 @@ def table(arch: str, elem_bytes: int) -> dict[str, list[Config]]:
     return SM75 if cc < 80 else SM90 if cc >= 90 else CANDIDATES
 
 
-def arch_config(kernel: KernelSpec, arch: str, block_d: int, elem_bytes: int, *, limit: int | None = None) -> Config:
+def arch_config(kernel, arch: str, block_d: int, elem_bytes: int, *, limit: int | None = None) -> Config:
     """The first candidate for ``kernel`` whose shared-memory estimate fits ``arch`` (e.g. "sm_80").
 
     Explained in: notebooks/07_triton.
@@ -234,7 +233,7 @@ def device_arch(device) -> str:
     return cuda_device(device).arch
 
 
-def _device_candidates(kernel: KernelSpec, device, block_d: int, elem_bytes: int) -> tuple[Config, ...]:
+def _device_candidates(kernel, device, block_d: int, elem_bytes: int) -> tuple[Config, ...]:
     """:func:`arch_candidates` for ``device`` (the interpreter's one config on a CPU), worked out once per
     (spec, device type and index, block_d, elem_bytes) and kept on the spec: a launch's hot path. (The
     tables are read on the first launch of each key: change them before launching, not after.)
@@ -254,7 +253,7 @@ def _device_candidates(kernel: KernelSpec, device, block_d: int, elem_bytes: int
     return found
 
 
-def pick_config(kernel: KernelSpec, device, block_d: int, elem_bytes: int) -> Config:
+def pick_config(kernel, device, block_d: int, elem_bytes: int) -> Config:
     """The config for ``kernel`` on ``device``: the interpreter's on CPU, else :func:`arch_config`.
 
     Explained in: notebooks/07_triton.
@@ -263,31 +262,23 @@ def pick_config(kernel: KernelSpec, device, block_d: int, elem_bytes: int) -> Co
     return _device_candidates(kernel, device, block_d, elem_bytes)[0]
 
 
-def run_with_fallback(run, candidates):
-    """``run(cfg)`` with the first candidate; while Triton raises OutOfResources (more shared memory or
-    registers than the device has: our estimate was wrong), retry with the next, smaller one.
+def candidates(kernel, device, block_d: int, elem_bytes: int, config: Config | None = None) -> tuple:
+    """The configs :meth:`KernelSpec.launch <flashlib.kernels.triton.spec.KernelSpec.launch>` tries,
+    in order: the device's candidates (:func:`_device_candidates`) when ``config`` is None, else
+    ``config`` alone, made :func:`safe`, a None block_m or block_n taken from the first candidate.
 
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_configs.py.
     """
-    for i, cfg in enumerate(candidates):
-        try:
-            return run(cfg)
-        except OutOfResources:
-            if i == len(candidates) - 1:
-                raise
-
-
-def launch(kernel: KernelSpec, device, block_d: int, elem_bytes: int, run, config: Config | None = None):
-    """Launch ``run(cfg)`` for ``kernel`` (its KernelSpec): with ``config`` if given (made :func:`safe`),
-    else the device's candidates in order (:func:`run_with_fallback`).
-
-    Explained in: notebooks/06_flash_decoding.
-    Tested in: tests/kernels/triton/test_triton_configs.py.
-    """
-    if config is not None:
-        return run(safe(_table_spec(kernel).config, config))
-    return run_with_fallback(run, _device_candidates(kernel, device, block_d, elem_bytes))
+    found = _device_candidates(kernel, device, block_d, elem_bytes)
+    if config is None:
+        return found
+    if config.block_m is None or config.block_n is None:
+        first = found[0]
+        config = Config(first.block_m if config.block_m is None else config.block_m,
+                        first.block_n if config.block_n is None else config.block_n,
+                        config.num_warps, config.num_stages)
+    return (safe(kernel.config, config),)
 
 
 def check_dtype_arch(dtype_name: str, arch: str, version=None) -> None:

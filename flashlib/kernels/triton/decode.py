@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from . import flat_grid, kit, triton, tl
-from .configs import Config, launch, tile_plan
+from .configs import Config
 from .fa2_fwd import smem_estimate
 from .spec import KernelSpec
 
@@ -69,7 +69,8 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
     offs_d = tl.arange(0, BLOCK_D)      # (BLOCK_D,) head dim, padded to 2^k
     q_rows = Q + b * stride_qb + h * stride_qh + iq.to(tl.int64) * stride_qn
     # the stacked Q rows (BLOCK_M, BLOCK_D)
-    q = kit.load_tile(q_rows, row_ok, offs_d, D, UPCAST)
+    q = kit.load_tile(row_ptrs=q_rows, row_ok=row_ok, offs_d=offs_d, D=D,
+                      UPCAST=UPCAST)
     if SEQLENS is None:     # no lengths (a constexpr None): the whole cache
         nk = NMAX
     else:
@@ -88,10 +89,12 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
     # masked at `end`, no causal mask.
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
-    acc, l_i, m_i = kit.attend(acc, l_i, m_i, q, k_base, v_base,
-                               stride_kn, stride_vn, offs_r, offs_d,
-                               start, end, end, 0, D, qk_scale, BLOCK_N,
-                               kit.MASKED, False, UPCAST, PRECISION)
+    acc, l_i, m_i = kit.attend(
+        acc=acc, l_i=l_i, m_i=m_i, q=q, k_base=k_base, v_base=v_base,
+        stride_kn=stride_kn, stride_vn=stride_vn, offs_m=offs_r,
+        offs_d=offs_d, lo=start, hi=end, NK=end, offset=0, D=D,
+        qk_scale=qk_scale, BLOCK_N=BLOCK_N, STAGE=kit.MASKED, CAUSAL=False,
+        UPCAST=UPCAST, PRECISION=PRECISION)
     # O_s normalized, LSE_s (0 and -inf: an empty split)
     o, lse = kit.finish(acc, l_i, m_i)
     rows = (b * H + h) * NQ + iq      # flat row index into (B, H, NQ), 64-bit
@@ -175,17 +178,17 @@ def grid_combine(B: int, H: int, NQ: int) -> tuple[int]:
 
 # The spec describes the general case (the compile report compiles it): lengths given, fp32 partials.
 # decode() may also pass SEQLENS=None (a constexpr: no lengths) and, with one split, OP = o itself.
+# A program stacks a kv head's GROUP x NQ query rows: its config's block_m is only a cap (split_block_m).
 SPLIT_SPEC = KernelSpec(
-    "decode_split", _split_kernel, pointers=dict(Q="in", K="in", V="in", SEQLENS="i32", OP="fp32", LP="fp32"),
-    strides=("Q", "K", "V"), scalars=dict(qk_scale="fp32", B="i32", H="i32", HKV="i32", GROUP="i32", NQ="i32",
-                                          NMAX="i32", D="i32"),
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "UPCAST", "PRECISION"),
+    "decode_split", _split_kernel, types=dict(SEQLENS="i32", OP="fp32", LP="fp32", qk_scale="fp32"),
     grid=lambda a: grid_split(a["B"], a["HKV"], a["GROUP"], a["NQ"], a["BLOCK_M"], a["OP"].shape[0]),
-    config="decode", smem=smem_estimate)     # Q resident, K and V streamed: the forward's tiles
+    config="decode", smem=smem_estimate,     # Q resident, K and V streamed: the forward's tiles
+    blocks=lambda cfg, a: dict(BLOCK_M=split_block_m(cfg.block_m, a["GROUP"], a["NQ"]),
+                               BLOCK_N=cfg.block_n))
 COMBINE_SPEC = KernelSpec(
-    "decode_combine", _combine_kernel, pointers=dict(OP="fp32", LP="fp32", O="in", LSE="fp32"), strides=("O",),
-    scalars=dict(n_rows="i32", H="i32", NQ="i32", N_SPLITS="i32", D="i32"), constexprs=("BLOCK_S", "BLOCK_D"),
-    grid=lambda a: grid_combine(a["O"].shape[0], a["H"], a["NQ"]), fixed=Config(0, 0, num_warps=4, num_stages=1), uses_dot=False)
+    "decode_combine", _combine_kernel, types=dict(OP="fp32", LP="fp32", LSE="fp32"),
+    grid=lambda a: grid_combine(a["O"].shape[0], a["H"], a["NQ"]),
+    fixed=Config(0, 0, num_warps=4, num_stages=1), uses_dot=False)
 
 
 def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
@@ -206,17 +209,13 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
     group = H // HKV
     block_d = kit.block_d(D)
     n_rows = B * H * NQ
-    upcast, elem_bytes = tile_plan(q)        # fp32 tiles where fp16 ones fail (configs.upcast_tiles)
     # one split: the split kernel's output is the answer (o in q's dtype, contiguous like the partials)
     o_part = torch.empty((num_splits, n_rows, D), device=q.device,
                          dtype=q.dtype if num_splits == 1 else torch.float32)
     lse_part = torch.empty((num_splits, n_rows), device=q.device, dtype=torch.float32)
-    args = dict(Q=q, K=k_cache, V=v_cache, SEQLENS=cache_seqlens, OP=o_part, LP=lse_part,
-                qk_scale=kit.qk_scale(scale), B=B, H=H, HKV=HKV, GROUP=group, NQ=NQ, NMAX=k_cache.shape[2], D=D,
-                BLOCK_D=block_d,
-                UPCAST=upcast, PRECISION="ieee")
-    launch(SPLIT_SPEC, q.device, block_d, elem_bytes,
-           lambda cfg: SPLIT_SPEC.launch(cfg, **args, BLOCK_M=split_block_m(cfg.block_m, group, NQ)), config)
+    SPLIT_SPEC.launch(config, Q=q, K=k_cache, V=v_cache, SEQLENS=cache_seqlens, OP=o_part, LP=lse_part,
+                      qk_scale=kit.qk_scale(scale), B=B, H=H, HKV=HKV, GROUP=group, NQ=NQ,
+                      NMAX=k_cache.shape[2], D=D, BLOCK_D=block_d, PRECISION="ieee")
     if num_splits == 1:
         return o_part.view(B, H, NQ, D), lse_part.view(B, H, NQ)
     o = torch.empty_like(q)

@@ -28,8 +28,7 @@ import torch
 
 from ...hardware import device_facts
 from . import kit, triton, tl
-from .configs import Config, launch, refusal, tile_plan
-from .fa2_fwd import SPEC as FWD_SPEC
+from .configs import Config, refusal
 from .fa2_fwd import grid as fwd_grid
 from .spec import KernelSpec, staged_bytes
 
@@ -54,8 +53,10 @@ def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_on,
     o_rows = O + b * stride_ob + h * stride_oh + rows * stride_on
     do_rows = DO + b * stride_dob + h * stride_doh + rows * stride_don
     # O_i, dO_i (BLOCK_M, BLOCK_D), in fp32
-    o = kit.load_tile(o_rows, row_ok, offs_d, D, True)
-    do = kit.load_tile(do_rows, row_ok, offs_d, D, True)
+    o = kit.load_tile(row_ptrs=o_rows, row_ok=row_ok, offs_d=offs_d, D=D,
+                      UPCAST=True)
+    do = kit.load_tile(row_ptrs=do_rows, row_ok=row_ok, offs_d=offs_d, D=D,
+                       UPCAST=True)
     # line 4: D_i = rowsum(dO_i * O_i)
     tl.store(DELTA + (b * H + h) * NQ + offs_m, tl.sum(o * do, 1), mask=row_ok)
 
@@ -84,13 +85,17 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
     k_rows = K + b * stride_kb + hk * stride_kh + keys * stride_kn
     v_rows = V + b * stride_vb + hk * stride_vh + keys * stride_vn
     # line 6: K_j, V_j (BLOCK_N, BLOCK_D), resident for the whole program
-    k = kit.load_tile(k_rows, key_ok, offs_d, D, UPCAST)
-    v = kit.load_tile(v_rows, key_ok, offs_d, D, UPCAST)
+    k = kit.load_tile(row_ptrs=k_rows, row_ok=key_ok, offs_d=offs_d, D=D,
+                      UPCAST=UPCAST)
+    v = kit.load_tile(row_ptrs=v_rows, row_ok=key_ok, offs_d=offs_d, D=D,
+                      UPCAST=UPCAST)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # line 7: dK_j = dV_j = 0
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # on chip, fp32
     # Causal: query blocks before lo see none of key block j; those starting
     # before hi_masked see part of it.
-    lo, hi_masked = kit.query_range(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    lo, hi_masked = kit.query_range(
+        start_n=start_n, NQ=NQ, NK=NK, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        CAUSAL=CAUSAL)
     h = hk * GROUP    # the group's first query head: its Q, dO, LSE, D
     q_base = Q + b * stride_qb + h * stride_qh
     do_base = DO + b * stride_dob + h * stride_doh
@@ -102,14 +107,18 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
             row_ok = offs_m < NQ
             m_rows = offs_m.to(tl.int64)
             # line 9: Q_i, dO_i (BLOCK_M, BLOCK_D)
-            q = kit.load_tile(q_base + m_rows * stride_qn, row_ok, offs_d, D,
-                              UPCAST)
-            do = kit.load_tile(do_base + m_rows * stride_don, row_ok, offs_d,
-                               D, UPCAST)
+            q = kit.load_tile(row_ptrs=q_base + m_rows * stride_qn,
+                              row_ok=row_ok, offs_d=offs_d, D=D,
+                              UPCAST=UPCAST)
+            do = kit.load_tile(row_ptrs=do_base + m_rows * stride_don,
+                               row_ok=row_ok, offs_d=offs_d, D=D,
+                               UPCAST=UPCAST)
             # lines 9-16
-            dk, dv = kit.dkdv_step(dk, dv, q, do, k, v, lse_base, delta_base,
-                                   start_m, offs_m, offs_n, hi_masked, NQ, NK,
-                                   qk_scale, CAUSAL, PRECISION)
+            dk, dv = kit.dkdv_step(
+                dk=dk, dv=dv, q=q, do=do, k=k, v=v, LSE=lse_base,
+                DELTA=delta_base, start_m=start_m, offs_m=offs_m,
+                offs_n=offs_n, hi_masked=hi_masked, NQ=NQ, NK=NK,
+                qk_scale=qk_scale, CAUSAL=CAUSAL, PRECISION=PRECISION)
         # The group's next query head: the pointers walk (h·stride in 64
         # bits inside the loop spilled 92 bytes in the TMA twin on sm_90,
         # walking 8; triton 3.9 cross-compiled).
@@ -121,8 +130,10 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
     # line 18: write dK_j, dV_j
     dk_rows = DK + b * stride_dkb + hk * stride_dkh + keys * stride_dkn
     dv_rows = DV + b * stride_dvb + hk * stride_dvh + keys * stride_dvn
-    kit.store_tile(dk_rows, key_ok, offs_d, D, dk)
-    kit.store_tile(dv_rows, key_ok, offs_d, D, dv)
+    kit.store_tile(row_ptrs=dk_rows, row_ok=key_ok, offs_d=offs_d, D=D,
+                   tile=dk)
+    kit.store_tile(row_ptrs=dv_rows, row_ok=key_ok, offs_d=offs_d, D=D,
+                   tile=dv)
 
 
 @triton.jit
@@ -149,8 +160,10 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     q_rows = Q + b * stride_qb + h * stride_qh + rows * stride_qn
     do_rows = DO + b * stride_dob + h * stride_doh + rows * stride_don
     # Q_i, dO_i (BLOCK_M, BLOCK_D), resident for the whole program
-    q = kit.load_tile(q_rows, row_ok, offs_d, D, UPCAST)
-    do = kit.load_tile(do_rows, row_ok, offs_d, D, UPCAST)
+    q = kit.load_tile(row_ptrs=q_rows, row_ok=row_ok, offs_d=offs_d, D=D,
+                      UPCAST=UPCAST)
+    do = kit.load_tile(row_ptrs=do_rows, row_ok=row_ok, offs_d=offs_d, D=D,
+                       UPCAST=UPCAST)
     row_base = (b * H + h) * NQ   # the head's row 0 in LSE, DELTA (B, H, NQ)
     # (BLOCK_M,) L_i in base 2, and D_i
     lse = kit.load_lse2(LSE + row_base + offs_m, row_ok)
@@ -159,17 +172,21 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
     # the forward's key ranges
-    lo_masked, hi = kit.key_range(pid_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N,
-                                  CAUSAL)
+    lo_masked, hi = kit.key_range(
+        start_m=pid_m * BLOCK_M, NQ=NQ, NK=NK, BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N, CAUSAL=CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0              # (BLOCK_N,) key rows
         # K_j, V_j (BLOCK_N, BLOCK_D)
-        k, v = kit.load_kv(k_base, v_base, offs_n, stride_kn, stride_vn, NK,
-                           offs_d, D, kit.MASKED, UPCAST)
+        k, v = kit.load_kv(
+            k_base=k_base, v_base=v_base, rows=offs_n, stride_kn=stride_kn,
+            stride_vn=stride_vn, NK=NK, offs_d=offs_d, D=D, STAGE=kit.MASKED,
+            UPCAST=UPCAST)
         # S_ij (BLOCK_M, BLOCK_N), in base 2
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if start_n >= lo_masked:      # a diagonal or ragged block: kit's mask
-            s = kit.mask_scores(s, offs_m, offs_n, NK, NK - NQ, CAUSAL)
+            s = kit.mask_scores(s=s, offs_m=offs_m, offs_n=offs_n, NK=NK,
+                                offset=NK - NQ, CAUSAL=CAUSAL)
         p = tl.math.exp2(s - lse[:, None])      # P_ij (BLOCK_M, BLOCK_N)
         # dP_ij = dO_i V_j^T (BLOCK_M, BLOCK_N)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -178,7 +195,8 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     dq = dq * scale
     dq_rows = DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn
-    kit.store_tile(dq_rows, row_ok, offs_d, D, dq)
+    kit.store_tile(row_ptrs=dq_rows, row_ok=row_ok, offs_d=offs_d, D=D,
+                   tile=dq)
 
 
 def grid_preprocess(B: int, H: int, NQ: int) -> tuple[int]:
@@ -221,22 +239,16 @@ def smem_dq(cfg: Config, block_d: int, elem_bytes: int) -> int:
 
 
 PREPROCESS_SPEC = KernelSpec(
-    "fa2_bwd_preprocess", _bwd_preprocess, pointers=dict(O="in", DO="in", DELTA="fp32"), strides=("O", "DO"),
-    scalars=dict(H="i32", NQ="i32", D="i32"), constexprs=("BLOCK_M", "BLOCK_D"),
+    "fa2_bwd_preprocess", _bwd_preprocess, types=dict(DELTA="fp32"),
     grid=lambda a: grid_preprocess(a["O"].shape[0], a["H"], a["NQ"]),
     fixed=Config(PREPROCESS_BLOCK_M, 0, num_warps=4, num_stages=1), uses_dot=False)
 DKDV_SPEC = KernelSpec(
-    "fa2_bwd_dkdv", _bwd_dkdv,
-    pointers=dict(Q="in", K="in", V="in", DO="in", LSE="fp32", DELTA="fp32", DK="in", DV="in"),
-    strides=("Q", "K", "V", "DO", "DK", "DV"),
-    scalars=dict(qk_scale="fp32", scale="fp32", H="i32", HKV="i32", GROUP="i32", NQ="i32", NK="i32", D="i32"),
-    constexprs=FWD_SPEC.constexprs, grid=lambda a: grid_dkdv(a["Q"].shape[0], a["HKV"], a["NK"], a["BLOCK_N"]),
+    "fa2_bwd_dkdv", _bwd_dkdv, types=dict(LSE="fp32", DELTA="fp32", qk_scale="fp32", scale="fp32"),
+    grid=lambda a: grid_dkdv(a["Q"].shape[0], a["HKV"], a["NK"], a["BLOCK_N"]),
     config="bwd_dkdv", smem=smem_dkdv)
 DQ_SPEC = KernelSpec(
-    "fa2_bwd_dq", _bwd_dq, pointers=dict(Q="in", K="in", V="in", DO="in", LSE="fp32", DELTA="fp32", DQ="in"),
-    strides=("Q", "K", "V", "DO", "DQ"),
-    scalars=dict(qk_scale="fp32", scale="fp32", H="i32", GROUP="i32", NQ="i32", NK="i32", D="i32"),
-    constexprs=FWD_SPEC.constexprs, grid=lambda a: grid_dq(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
+    "fa2_bwd_dq", _bwd_dq, types=dict(LSE="fp32", DELTA="fp32", qk_scale="fp32", scale="fp32"),
+    grid=lambda a: grid_dq(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
     config="bwd_dq", smem=smem_dq)
 
 
@@ -256,7 +268,6 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]
     block_d = kit.block_d(D)
-    upcast, es = tile_plan(q)               # fp32 tiles where fp16 ones fail (configs.upcast_tiles)
     facts = device_facts(q.device) if block_d > 128 else None   # a GPU (or a rehearsed one)
     if facts is not None:                   # dK/dV on a T4 with some Tritons: too big (configs.refusal)
         why = refusal("bwd_dkdv", facts.arch, block_d, str(q.dtype).removeprefix("torch."))
@@ -267,10 +278,9 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
     delta = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
     PREPROCESS_SPEC.launch(O=o, DO=do, DELTA=delta, H=H, NQ=NQ, D=D, BLOCK_D=block_d)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    args = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, qk_scale=kit.qk_scale(scale), scale=scale, H=H,
-                GROUP=H // HKV, NQ=NQ, NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d,
-                UPCAST=upcast, PRECISION="tf32" if allow_tf32 else "ieee")
-    launch(dkdv_spec, q.device, block_d, es,
-           lambda cfg: dkdv_spec.launch(cfg, **args, DK=dk, DV=dv, HKV=HKV), config_dkdv)
-    launch(DQ_SPEC, q.device, block_d, es, lambda cfg: DQ_SPEC.launch(cfg, **args, DQ=dq), config_dq)
+    args = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, qk_scale=kit.qk_scale(scale), scale=scale,
+                H=H, GROUP=H // HKV, NQ=NQ, NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d,
+                PRECISION="tf32" if allow_tf32 else "ieee")
+    dkdv_spec.launch(config_dkdv, **args, DK=dk, DV=dv, HKV=HKV)
+    DQ_SPEC.launch(config_dq, **args, DQ=dq)
     return dq, dk, dv

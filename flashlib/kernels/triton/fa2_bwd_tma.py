@@ -33,7 +33,7 @@ import torch
 from ...validation import check_flag, check_scale, check_tensors
 from . import fa2_bwd, kit, triton, tl
 from .configs import Config
-from .fa2_fwd_tma import supported, with_scratch
+from .fa2_fwd_tma import supported
 
 __all__ = ["backward", "DKDV_SPEC"]
 
@@ -58,10 +58,12 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
     offs_n = start_n + tl.arange(0, BLOCK_N)          # (BLOCK_N,) key rows
     offs_m0 = tl.arange(0, BLOCK_M)   # (BLOCK_M,) query offsets in a block
     # line 6: K_j, V_j (BLOCK_N, BLOCK_D), one TMA copy each
-    k = kit.desc_2d(K + b * stride_kb + hk * stride_kh, NK, D, stride_kn,
-                    BLOCK_N, BLOCK_D).load([start_n, 0])
-    v = kit.desc_2d(V + b * stride_vb + hk * stride_vh, NK, D, stride_vn,
-                    BLOCK_N, BLOCK_D).load([start_n, 0])
+    k = kit.desc_2d(base=K + b * stride_kb + hk * stride_kh, N=NK, D=D,
+                    stride_n=stride_kn, ROWS=BLOCK_N,
+                    BLOCK_D=BLOCK_D).load([start_n, 0])
+    v = kit.desc_2d(base=V + b * stride_vb + hk * stride_vh, N=NK, D=D,
+                    stride_n=stride_vn, ROWS=BLOCK_N,
+                    BLOCK_D=BLOCK_D).load([start_n, 0])
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -69,7 +71,9 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # on chip, fp32
     # Causal: query blocks before lo see none of key block j; those starting
     # before hi_masked see part of it.
-    lo, hi_masked = kit.query_range(start_n, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    lo, hi_masked = kit.query_range(
+        start_n=start_n, NQ=NQ, NK=NK, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        CAUSAL=CAUSAL)
     h = hk * GROUP    # the group's first query head: its Q, dO, LSE, D
     q_base = Q + b * stride_qb + h * stride_qh
     do_base = DO + b * stride_dob + h * stride_doh
@@ -77,8 +81,10 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
     delta_base = DELTA + (b * H + h) * NQ
     for g in range(0, GROUP):       # GQA: every query head reading kv head hk
         # descriptors of the head's Q and dO (NQ, D), in (BLOCK_M, BLOCK_D)
-        q_desc = kit.desc_2d(q_base, NQ, D, stride_qn, BLOCK_M, BLOCK_D)
-        do_desc = kit.desc_2d(do_base, NQ, D, stride_don, BLOCK_M, BLOCK_D)
+        q_desc = kit.desc_2d(base=q_base, N=NQ, D=D, stride_n=stride_qn,
+                             ROWS=BLOCK_M, BLOCK_D=BLOCK_D)
+        do_desc = kit.desc_2d(base=do_base, N=NQ, D=D, stride_n=stride_don,
+                              ROWS=BLOCK_M, BLOCK_D=BLOCK_D)
         for start_m in range(lo, NQ, BLOCK_M):   # line 8: the query blocks i
             # line 9: Q_i, dO_i (BLOCK_M, BLOCK_D), one TMA copy each
             q = q_desc.load([start_m, 0])
@@ -87,10 +93,11 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
                 q = q.to(tl.float32)
                 do = do.to(tl.float32)
             # lines 9-16, version 2's own step
-            dk, dv = kit.dkdv_step(dk, dv, q, do, k, v, lse_base, delta_base,
-                                   start_m, start_m + offs_m0, offs_n,
-                                   hi_masked, NQ, NK, qk_scale, CAUSAL,
-                                   PRECISION)
+            dk, dv = kit.dkdv_step(
+                dk=dk, dv=dv, q=q, do=do, k=k, v=v, LSE=lse_base,
+                DELTA=delta_base, start_m=start_m, offs_m=start_m + offs_m0,
+                offs_n=offs_n, hi_masked=hi_masked, NQ=NQ, NK=NK,
+                qk_scale=qk_scale, CAUSAL=CAUSAL, PRECISION=PRECISION)
         # the next query head of the group, as version 2
         q_base += stride_qh
         do_base += stride_doh
@@ -98,16 +105,18 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
         delta_base += NQ
     dk = dk * scale           # dS = scale * dS: applied once, at the end
     # line 18: rows past NK are dropped
-    kit.desc_2d(DK + b * stride_dkb + hk * stride_dkh, NK, D, stride_dkn,
-                BLOCK_N, BLOCK_D).store([start_n, 0],
-                                        dk.to(DK.dtype.element_ty))
-    kit.desc_2d(DV + b * stride_dvb + hk * stride_dvh, NK, D, stride_dvn,
-                BLOCK_N, BLOCK_D).store([start_n, 0],
-                                        dv.to(DV.dtype.element_ty))
+    kit.desc_2d(base=DK + b * stride_dkb + hk * stride_dkh, N=NK, D=D,
+                stride_n=stride_dkn, ROWS=BLOCK_N,
+                BLOCK_D=BLOCK_D).store([start_n, 0],
+                                       dk.to(DK.dtype.element_ty))
+    kit.desc_2d(base=DV + b * stride_dvb + hk * stride_dvh, N=NK, D=D,
+                stride_n=stride_dvn, ROWS=BLOCK_N,
+                BLOCK_D=BLOCK_D).store([start_n, 0],
+                                       dv.to(DV.dtype.element_ty))
 
 
 # Version 2's dK/dV interface (arguments, grid, config table, shared memory), this file's kernel.
-DKDV_SPEC = dataclasses.replace(fa2_bwd.DKDV_SPEC, name="fa2_bwd_dkdv_tma", fn=_bwd_dkdv_tma)
+DKDV_SPEC = dataclasses.replace(fa2_bwd.DKDV_SPEC, name="fa2_bwd_dkdv_tma", fn=_bwd_dkdv_tma, scratch=True)
 
 
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, config_dkdv: Config | None = None,
@@ -131,6 +140,5 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, config_dkdv: Co
     why = supported(q, k, v, do)
     if why is not None:
         raise ValueError(f"fa2_bwd_tma.backward: {why}")
-    return with_scratch(lambda: fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=scale,
-                                                 config_dkdv=config_dkdv, config_dq=config_dq,
-                                                 dkdv_spec=DKDV_SPEC))
+    return fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=scale, config_dkdv=config_dkdv,
+                            config_dq=config_dq, dkdv_spec=DKDV_SPEC)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from . import flat_grid, kit, triton, tl
-from .configs import Config, launch, tile_plan
+from .configs import Config
 from .spec import KernelSpec, staged_bytes
 
 __all__ = ["forward", "grid", "SPEC"]
@@ -56,7 +56,8 @@ def _fwd_kernel(Q, K, V, O, LSE,
     row_ok = offs_m < NQ
     q_rows = Q + b * stride_qb + h * stride_qh + rows * stride_qn
     # line 4: Q_i (BLOCK_M, BLOCK_D)
-    q = kit.load_tile(q_rows, row_ok, offs_d, D, UPCAST)
+    q = kit.load_tile(row_ptrs=q_rows, row_ok=row_ok, offs_d=offs_d, D=D,
+                      UPCAST=UPCAST)
     # line 5: m_i = -inf, l_i = 0, O_i = 0
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -65,21 +66,26 @@ def _fwd_kernel(Q, K, V, O, LSE,
     v_base = V + b * stride_vb + hk * stride_vh
     # line 6: the key blocks every row sees (no mask), then the diagonal /
     # ragged ones (masked).
-    lo_masked, hi = kit.key_range(pid_m * BLOCK_M, NQ, NK, BLOCK_M, BLOCK_N,
-                                  CAUSAL)
-    acc, l_i, m_i = kit.attend(acc, l_i, m_i, q, k_base, v_base,
-                               stride_kn, stride_vn, offs_m, offs_d,
-                               0, lo_masked, NK, NK - NQ, D, qk_scale,
-                               BLOCK_N, kit.FULL, CAUSAL, UPCAST, PRECISION)
-    acc, l_i, m_i = kit.attend(acc, l_i, m_i, q, k_base, v_base,
-                               stride_kn, stride_vn, offs_m, offs_d,
-                               lo_masked, hi, NK, NK - NQ, D, qk_scale,
-                               BLOCK_N, kit.MASKED, CAUSAL, UPCAST, PRECISION)
+    lo_masked, hi = kit.key_range(
+        start_m=pid_m * BLOCK_M, NQ=NQ, NK=NK, BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N, CAUSAL=CAUSAL)
+    acc, l_i, m_i = kit.attend(
+        acc=acc, l_i=l_i, m_i=m_i, q=q, k_base=k_base, v_base=v_base,
+        stride_kn=stride_kn, stride_vn=stride_vn, offs_m=offs_m,
+        offs_d=offs_d, lo=0, hi=lo_masked, NK=NK, offset=NK - NQ, D=D,
+        qk_scale=qk_scale, BLOCK_N=BLOCK_N, STAGE=kit.FULL, CAUSAL=CAUSAL,
+        UPCAST=UPCAST, PRECISION=PRECISION)
+    acc, l_i, m_i = kit.attend(
+        acc=acc, l_i=l_i, m_i=m_i, q=q, k_base=k_base, v_base=v_base,
+        stride_kn=stride_kn, stride_vn=stride_vn, offs_m=offs_m,
+        offs_d=offs_d, lo=lo_masked, hi=hi, NK=NK, offset=NK - NQ, D=D,
+        qk_scale=qk_scale, BLOCK_N=BLOCK_N, STAGE=kit.MASKED, CAUSAL=CAUSAL,
+        UPCAST=UPCAST, PRECISION=PRECISION)
     # lines 12-13: O_i, L_i (natural log)
     o, lse = kit.finish(acc, l_i, m_i)
     # lines 14-15: write O_i and L_i
     o_rows = O + b * stride_ob + h * stride_oh + rows * stride_on
-    kit.store_tile(o_rows, row_ok, offs_d, D, o)
+    kit.store_tile(row_ptrs=o_rows, row_ok=row_ok, offs_d=offs_d, D=D, tile=o)
     tl.store(LSE + (b * H + h) * NQ + offs_m, lse, mask=row_ok)
 
 
@@ -101,29 +107,22 @@ def smem_estimate(cfg: Config, block_d: int, elem_bytes: int) -> int:
     return staged_bytes(cfg, elem_bytes, resident=cfg.block_m * block_d, streamed=2 * cfg.block_n * block_d)
 
 
-SPEC = KernelSpec(
-    "fa2_fwd", _fwd_kernel,
-    pointers=dict(Q="in", K="in", V="in", O="in", LSE="fp32"), strides=("Q", "K", "V", "O"),
-    scalars=dict(qk_scale="fp32", H="i32", GROUP="i32", NQ="i32", NK="i32", D="i32"),
-    constexprs=("CAUSAL", "BLOCK_M", "BLOCK_N", "BLOCK_D", "UPCAST", "PRECISION"),
-    grid=lambda a: grid(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
-    config="fwd", smem=smem_estimate)
+SPEC = KernelSpec("fa2_fwd", _fwd_kernel, types=dict(LSE="fp32", qk_scale="fp32"),
+                  grid=lambda a: grid(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
+                  config="fwd", smem=smem_estimate)
 
 
 def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False,
-            config: Config | None = None, spec: KernelSpec | None = None,
-            extra: dict | None = None, around=None):
+            config: Config | None = None, spec: KernelSpec = SPEC):
     """Launch the forward kernel: ``(o, lse)`` for ``q (B, H, Nq, d)``,
     ``k, v (B, Hkv, Nk, d)``.
 
     Inputs are validated by :func:`flashlib.attention`; the last dim must be
     contiguous (stride 1), other strides are passed to the kernel. ``lse``
-    is float32 ``(B, H, Nq)``, natural log. ``config`` overrides the block
-    sizes (tests use it to force several blocks on short sequences);
-    otherwise :func:`flashlib.kernels.triton.configs.launch` picks them for
-    the device. ``spec``: this file's kernel (None) or one with its
-    arguments plus the constexprs ``extra`` gives, each launch run as
-    ``around(launch)`` (the TMA forward,
+    is float32 ``(B, H, Nq)``, natural log. ``config``: None lets the
+    device's table choose (:meth:`KernelSpec.launch`); tests give one to
+    force several blocks on short sequences. ``spec``: this file's kernel,
+    or another with its arguments (the TMA forward's,
     :mod:`flashlib.kernels.triton.fa2_fwd_tma`).
 
     Explained in: notebooks/07_triton.
@@ -131,22 +130,10 @@ def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False,
     """
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]
-    block_d = kit.block_d(D)
-    # fp32 tiles where fp16 ones fail (configs.upcast_tiles)
-    upcast, elem_bytes = tile_plan(q)
     o = torch.empty_like(q)
     lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
-    args = dict(Q=q, K=k, V=v, O=o, LSE=lse, qk_scale=kit.qk_scale(scale),
-                H=H, GROUP=H // HKV, NQ=NQ, NK=NK, D=D, CAUSAL=causal,
-                BLOCK_D=block_d, UPCAST=upcast,
+    spec.launch(config, Q=q, K=k, V=v, O=o, LSE=lse,
+                qk_scale=kit.qk_scale(scale), H=H, GROUP=H // HKV, NQ=NQ,
+                NK=NK, D=D, CAUSAL=causal, BLOCK_D=kit.block_d(D),
                 PRECISION="tf32" if allow_tf32 else "ieee")
-    if extra:
-        args.update(extra)
-    spec = SPEC if spec is None else spec
-
-    def run(cfg):
-        if around is None:
-            return spec.launch(cfg, **args)
-        return around(lambda: spec.launch(cfg, **args))
-    launch(spec, q.device, block_d, elem_bytes, run, config)
     return o, lse

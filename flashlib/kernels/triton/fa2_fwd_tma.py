@@ -36,7 +36,6 @@
 Explained in: notebooks/07c_hopper."""
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 
 import torch
@@ -45,7 +44,7 @@ from ...validation import check_flag, check_scale, check_tensors
 from . import fa2_fwd, kit, triton, tl, versions
 from .configs import Config
 
-__all__ = ["forward", "supported", "descriptors_missing", "with_scratch", "SPEC"]
+__all__ = ["forward", "supported", "descriptors_missing", "SPEC", "SPEC_WARP_SPECIALIZED"]
 
 
 @triton.jit
@@ -69,13 +68,14 @@ def _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, lo, hi, NK,
         # line 8: S_ij, in base 2
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if STAGE == kit.MASKED:
-            s = kit.mask_scores(s, offs_m, start_n + offs_n, NK, offset,
-                                CAUSAL)
+            s = kit.mask_scores(s=s, offs_m=offs_m, offs_n=start_n + offs_n,
+                                NK=NK, offset=offset, CAUSAL=CAUSAL)
             if CAUSAL:        # NaN rule: hidden V NaNs must not spread ...
-                v, row_nan = kit.hide_nan_values(v, offs_m, start_n + offs_n,
-                                                 offset)
-        m_i, l_i, acc = kit.softmax_step(m_i, l_i, acc, s, v, PRECISION,
-                                         STAGE == kit.MASKED)
+                v, row_nan = kit.hide_nan_values(
+                    v=v, offs_m=offs_m, offs_n=start_n + offs_n, offset=offset)
+        m_i, l_i, acc = kit.softmax_step(
+            m_i=m_i, l_i=l_i, acc=acc, s=s, v=v, PRECISION=PRECISION,
+            MAY_BE_EMPTY=STAGE == kit.MASKED)
         if STAGE == kit.MASKED:
             if CAUSAL:        # ... but a NaN a row sees makes it NaN
                 acc = tl.where(row_nan[:, None], float("nan"), acc)
@@ -103,14 +103,14 @@ def _fwd_tma_kernel(Q, K, V, O, LSE,
     offs_m = start_m + tl.arange(0, BLOCK_M)          # (BLOCK_M,) query rows
     # One 2-D descriptor per tensor for this (batch, head): shape (N, D), so
     # rows past N and columns past D read as 0 and are never written.
-    q_desc = kit.desc_2d(Q + b * stride_qb + h * stride_qh, NQ, D, stride_qn,
-                         BLOCK_M, BLOCK_D)
-    k_desc = kit.desc_2d(K + b * stride_kb + hk * stride_kh, NK, D,
-                         stride_kn, BLOCK_N, BLOCK_D)
-    v_desc = kit.desc_2d(V + b * stride_vb + hk * stride_vh, NK, D,
-                         stride_vn, BLOCK_N, BLOCK_D)
-    o_desc = kit.desc_2d(O + b * stride_ob + h * stride_oh, NQ, D, stride_on,
-                         BLOCK_M, BLOCK_D)
+    q_desc = kit.desc_2d(base=Q + b * stride_qb + h * stride_qh, N=NQ, D=D,
+                         stride_n=stride_qn, ROWS=BLOCK_M, BLOCK_D=BLOCK_D)
+    k_desc = kit.desc_2d(base=K + b * stride_kb + hk * stride_kh, N=NK, D=D,
+                         stride_n=stride_kn, ROWS=BLOCK_N, BLOCK_D=BLOCK_D)
+    v_desc = kit.desc_2d(base=V + b * stride_vb + hk * stride_vh, N=NK, D=D,
+                         stride_n=stride_vn, ROWS=BLOCK_N, BLOCK_D=BLOCK_D)
+    o_desc = kit.desc_2d(base=O + b * stride_ob + h * stride_oh, N=NQ, D=D,
+                         stride_n=stride_on, ROWS=BLOCK_M, BLOCK_D=BLOCK_D)
     q = q_desc.load([start_m, 0])         # line 4: Q_i (BLOCK_M, BLOCK_D)
     if UPCAST:
         q = q.to(tl.float32)
@@ -120,15 +120,19 @@ def _fwd_tma_kernel(Q, K, V, O, LSE,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # line 6: the key blocks every row sees (no mask), then the diagonal /
     # ragged ones (masked).
-    lo_masked, hi = kit.key_range(start_m, NQ, NK, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m,
-                                 0, lo_masked, NK, NK - NQ, qk_scale,
-                                 BLOCK_N, kit.FULL, CAUSAL, UPCAST,
-                                 PRECISION, WARP_SPECIALIZE)
-    acc, l_i, m_i = _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m,
-                                 lo_masked, hi, NK, NK - NQ, qk_scale,
-                                 BLOCK_N, kit.MASKED, CAUSAL, UPCAST,
-                                 PRECISION, WARP_SPECIALIZE)
+    lo_masked, hi = kit.key_range(
+        start_m=start_m, NQ=NQ, NK=NK, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        CAUSAL=CAUSAL)
+    acc, l_i, m_i = _attend_desc(
+        acc=acc, l_i=l_i, m_i=m_i, q=q, k_desc=k_desc, v_desc=v_desc,
+        offs_m=offs_m, lo=0, hi=lo_masked, NK=NK, offset=NK - NQ,
+        qk_scale=qk_scale, BLOCK_N=BLOCK_N, STAGE=kit.FULL, CAUSAL=CAUSAL,
+        UPCAST=UPCAST, PRECISION=PRECISION, WARP_SPECIALIZE=WARP_SPECIALIZE)
+    acc, l_i, m_i = _attend_desc(
+        acc=acc, l_i=l_i, m_i=m_i, q=q, k_desc=k_desc, v_desc=v_desc,
+        offs_m=offs_m, lo=lo_masked, hi=hi, NK=NK, offset=NK - NQ,
+        qk_scale=qk_scale, BLOCK_N=BLOCK_N, STAGE=kit.MASKED, CAUSAL=CAUSAL,
+        UPCAST=UPCAST, PRECISION=PRECISION, WARP_SPECIALIZE=WARP_SPECIALIZE)
     # lines 12-13: O_i, L_i (natural log)
     o, lse = kit.finish(acc, l_i, m_i)
     # line 14: rows past NQ are dropped
@@ -137,9 +141,12 @@ def _fwd_tma_kernel(Q, K, V, O, LSE,
     tl.store(LSE + (b * H + h) * NQ + offs_m, lse, mask=offs_m < NQ)
 
 
-# Version 1's interface (arguments, grid, config tables, shared memory) plus WARP_SPECIALIZE.
-SPEC = dataclasses.replace(fa2_fwd.SPEC, name="fa2_fwd_tma", fn=_fwd_tma_kernel,
-                           constexprs=(*fa2_fwd.SPEC.constexprs, "WARP_SPECIALIZE"))
+# Version 1's grid, config table and shared memory; this kernel, which makes tensor descriptors on the
+# device (Triton's scratch allocator during the launch); the key loop as it runs by default, or
+# warp-specialized (an experiment: see the header).
+SPEC = dataclasses.replace(fa2_fwd.SPEC, name="fa2_fwd_tma", fn=_fwd_tma_kernel, scratch=True,
+                           constants=dict(WARP_SPECIALIZE=False))
+SPEC_WARP_SPECIALIZED = dataclasses.replace(SPEC, constants=dict(WARP_SPECIALIZE=True))
 
 
 def descriptors_missing(version=None) -> str | None:
@@ -200,30 +207,12 @@ def supported(q, k, v, do=None) -> str | None:
     return None
 
 
-def _scratch(size: int, alignment: int, stream):
-    """Triton's allocator protocol: global scratch for the descriptors each program writes."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def with_scratch(run):
-    """``run()`` with :func:`_scratch` as Triton's allocator, in a copy of the current context: the
-    caller's own allocator (triton.set_allocator keeps it in a ContextVar) is untouched afterwards.
-
-    Explained in: notebooks/07c_hopper.
-    Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
-    """
-    def inner():
-        triton.set_allocator(_scratch)
-        return run()
-    return contextvars.copy_context().run(inner)
-
-
 def forward(q, k, v, *, causal: bool, scale: float, config: Config | None = None,
             warp_specialize: bool = False):
     """Launch the TMA forward: ``(o, lse)`` for ``q (B, H, Nq, d)``, ``k, v (B, Hkv, Nk, d)``.
 
-    Version 1's launcher (:func:`flashlib.kernels.triton.fa2_fwd.forward`) with this kernel and its
-    descriptors' scratch; inputs are checked as flashlib.attention checks them (TypeError/ValueError
+    Version 1's launcher (:func:`flashlib.kernels.triton.fa2_fwd.forward`) with this file's spec;
+    inputs are checked as flashlib.attention checks them (TypeError/ValueError
     naming the argument), and ValueError if :func:`supported` refuses the tensors. ``warp_specialize``: ask Triton to
     warp-specialize the key loop (an experiment: triton 3.9 cannot for this loop, see the header).
 
@@ -237,5 +226,5 @@ def forward(q, k, v, *, causal: bool, scale: float, config: Config | None = None
     why = supported(q, k, v)
     if why is not None:
         raise ValueError(f"fa2_fwd_tma.forward: {why}")
-    return fa2_fwd.forward(q, k, v, causal=causal, scale=scale, config=config, spec=SPEC,
-                           extra=dict(WARP_SPECIALIZE=warp_specialize), around=with_scratch)
+    return fa2_fwd.forward(q, k, v, causal=causal, scale=scale, config=config,
+                           spec=SPEC_WARP_SPECIALIZED if warp_specialize else SPEC)

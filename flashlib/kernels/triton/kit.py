@@ -235,7 +235,7 @@ def mask_scores(s, offs_m, offs_n, NK, offset, CAUSAL: tl.constexpr):
     Explained in: notebooks/07_triton."""
     s = mask_keys(s, offs_n, NK)
     if CAUSAL:
-        s = mask_causal(s, offs_m, offs_n, offset)
+        s = mask_causal(s=s, offs_m=offs_m, offs_n=offs_n, offset=offset)
     return s
 
 
@@ -309,11 +309,15 @@ def load_kv(k_base, v_base, rows, stride_kn, stride_vn, NK, offs_d, D,
     k_rows = k_base + offs * stride_kn
     v_rows = v_base + offs * stride_vn
     if STAGE == MASKED:
-        k = load_tile(k_rows, rows < NK, offs_d, D, UPCAST)
-        v = load_tile(v_rows, rows < NK, offs_d, D, UPCAST)
+        k = load_tile(row_ptrs=k_rows, row_ok=rows < NK, offs_d=offs_d, D=D,
+                      UPCAST=UPCAST)
+        v = load_tile(row_ptrs=v_rows, row_ok=rows < NK, offs_d=offs_d, D=D,
+                      UPCAST=UPCAST)
     else:
-        k = load_tile(k_rows, None, offs_d, D, UPCAST)
-        v = load_tile(v_rows, None, offs_d, D, UPCAST)
+        k = load_tile(row_ptrs=k_rows, row_ok=None, offs_d=offs_d, D=D,
+                      UPCAST=UPCAST)
+        v = load_tile(row_ptrs=v_rows, row_ok=None, offs_d=offs_d, D=D,
+                      UPCAST=UPCAST)
     return k, v
 
 
@@ -333,16 +337,21 @@ def attend(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
     offs_n = tl.arange(0, BLOCK_N)          # (BLOCK_N,) key offsets in a block
     for start_n in range(lo, hi, BLOCK_N):
         rows = start_n + offs_n
-        k, v = load_kv(k_base, v_base, rows, stride_kn, stride_vn, NK,
-                       offs_d, D, STAGE, UPCAST)                  # line 7
+        k, v = load_kv(                                           # line 7
+            k_base=k_base, v_base=v_base, rows=rows, stride_kn=stride_kn,
+            stride_vn=stride_vn, NK=NK, offs_d=offs_d, D=D, STAGE=STAGE,
+            UPCAST=UPCAST)
         # line 8: S_ij, in base 2
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if STAGE == MASKED:
-            s = mask_scores(s, offs_m, rows, NK, offset, CAUSAL)
+            s = mask_scores(s=s, offs_m=offs_m, offs_n=rows, NK=NK,
+                            offset=offset, CAUSAL=CAUSAL)
             if CAUSAL:        # NaN rule: hidden V NaNs must not spread ...
-                v, row_nan = hide_nan_values(v, offs_m, rows, offset)
-        m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PRECISION,
-                                     STAGE == MASKED)     # lines 9-10
+                v, row_nan = hide_nan_values(v=v, offs_m=offs_m, offs_n=rows,
+                                             offset=offset)
+        m_i, l_i, acc = softmax_step(                     # lines 9-10
+            m_i=m_i, l_i=l_i, acc=acc, s=s, v=v, PRECISION=PRECISION,
+            MAY_BE_EMPTY=STAGE == MASKED)
         if STAGE == MASKED:
             if CAUSAL:        # ... but a NaN a row sees makes it NaN
                 acc = tl.where(row_nan[:, None], float("nan"), acc)
@@ -381,7 +390,8 @@ def dkdv_step(dk, dv, q, do, k, v, LSE, DELTA, start_m, offs_m, offs_n,
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
     if CAUSAL:
         if start_m < hi_masked:           # a diagonal block: the causal mask
-            s = mask_causal(s, offs_m, offs_n, NK - NQ)
+            s = mask_causal(s=s, offs_m=offs_m, offs_n=offs_n,
+                            offset=NK - NQ)
     s = mask_keys(s, offs_n, NK)          # keys past NK, on every block
     p = tl.math.exp2(s - lse[:, None])                # line 11: P_ij
     # line 12: dV_j += P_ij^T dO_i

@@ -1,29 +1,27 @@
-# spec.py — each Triton kernel described once: arguments, constexprs, grid, shared-memory estimate.
-# Changed from writing a kernel's signature three times (its launcher's positional call, the config
-#   tables' shared-memory estimate, the compile report's hand-made signature), where changing a
-#   kernel's arguments silently broke the compile report: a KernelSpec beside each kernel, checked
-#   against the kernel's real parameters when the module is imported, and read by
-#   * the launcher: KernelSpec.launch takes the arguments by name and puts them in order, strides
-#     included, with the grid and the block constexprs of its config;
-#   * configs.arch_candidates (which configs fit an architecture's shared memory);
-#   * flashlib.tools.compile_report (the signature, constexprs and config it compiles).
-#   A launch is host work on every call, so the spec works out its layout once: at construction, one
-#   C-level getter (operator.itemgetter) per group of arguments; per set of argument names a launcher
-#   passes, the missing/unknown check, done on its first launch and remembered (its clear TypeError
-#   still comes, from the first launch that passes a wrong set). The per-device config candidates are
-#   cached on the spec too (configs._device_candidates).
-#   Threads: Triton's interpreter keeps the launch it is running in module-level state (the grid,
-#   the program ids), so two interpreted launches at once corrupt each other ("x >= grid_dim[0]",
-#   "Did you forget to add @triton.jit?", or a silently wrong answer). Every interpreted launch
-#   therefore holds one process-wide lock (_INTERPRETED_LAUNCH); compiled GPU launches take none.
-#   NumPy's RuntimeWarnings are silenced inside an interpreted launch: the interpreter computes with
-#   NumPy, which warns on NaN inputs ("All-NaN slice encountered"), and where warnings are errors
-#   (pytest's filterwarnings, python -W error) that turned a NaN answer into an InterpreterError. The
-#   kernels' own NaN rule decides what a NaN input gives (flashlib.testing.reference_gqa states it).
-# Idea: flashlib.kernels.cuda.launch.LaunchSpec, which does the same for the CUDA kernels.
-# Limits: arguments come in four groups, in this order: pointers, the (batch, head, row) strides of
-#   some of them (named stride_<x>b, stride_<x>h, stride_<x>n), scalars, constexprs.
-# Run: fa2_fwd.SPEC.arg_names; flashlib.tools.compile_report.triton_specs() lists every kernel's.
+# spec.py — each Triton kernel described once, from its own signature, and launched one way.
+# What it does: a KernelSpec beside each kernel reads the kernel's parameters (pointers, the strides
+#   of some of them, scalars, constexprs) and owns the launch: KernelSpec.launch(config, **args) takes
+#   the arguments by name, reads the strides from the tensors, sets UPCAST (configs.tile_plan), picks
+#   the config (None: the device's candidates from the kernel's table, tried in order while Triton
+#   raises OutOfResources; a Config: run as given, made configs.safe), sets the block constexprs and
+#   launches, with Triton's scratch allocator where the kernel makes tensor descriptors (scratch=True).
+#   A kernel's forward is then "allocate, build the arguments, launch". The compile report
+#   (flashlib.tools.compile_report) compiles every kernel from the same spec.
+#   Host cost: the argument layout is worked out once per spec, the name check once per set of names,
+#   the candidates once per device (configs._device_candidates).
+#   Threads: Triton's interpreter keeps the launch it runs in module-level state, so two interpreted
+#   launches at once corrupt each other: every interpreted launch holds one process-wide lock.
+#   NumPy's RuntimeWarnings are silenced inside an interpreted launch (the interpreter warns on NaN
+#   inputs, which would turn a NaN answer into an error where warnings are errors); the kernels' NaN
+#   rule decides what a NaN input gives (flashlib.testing.reference_gqa).
+# Idea: flashlib.kernels.cuda.launch.LaunchSpec does the same for the CUDA kernels; Triton's
+#   autotuner (`prune_configs_by`) prunes its configs by a rule as configs does here.
+# Limits: a kernel's parameters come in four groups, in this order: pointers, the (batch, head, row)
+#   strides of some of them (stride_<x>b, stride_<x>h, stride_<x>n for pointer X), scalars,
+#   constexprs. Pointers are "in" (the inputs' dtype) and scalars "i32" unless `types` says "fp32"
+#   or "i32".
+# Run: fa2_fwd.SPEC.arg_names; fa2_fwd.SPEC.launch(None, Q=q, ...);
+#   flashlib.tools.compile_report.triton_specs() lists every kernel's spec.
 """KernelSpec: what a Triton kernel takes and how it is launched, for its launcher, configs and the
 compile report.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
@@ -35,12 +33,14 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import INTERPRET
+import torch
+from triton.runtime.errors import OutOfResources
+
+from . import INTERPRET, configs
 
 __all__ = ["KernelSpec", "staged_bytes"]
 
-POINTER_TYPES = ("in", "fp32", "i32")     # "in": the inputs' dtype (fp16, bf16 or fp32)
-SCALAR_TYPES = ("i32", "fp32")
+TYPES = ("in", "fp32", "i32")        # "in": the inputs' dtype (fp16, bf16 or fp32)
 # Held by every interpreted launch (the interpreter is not thread-safe); None when Triton compiles.
 _INTERPRETED_LAUNCH = threading.Lock() if INTERPRET else None
 
@@ -63,69 +63,98 @@ def staged_bytes(cfg, elem_bytes: int, *, resident: int, streamed: int) -> int:
     return (resident + max(1, cfg.num_stages) * streamed) * elem_bytes
 
 
+def _layout(name: str, fn, types: dict) -> tuple:
+    """``(pointers, strides, scalars, constexprs)`` read from the kernel's own signature: the
+    parameters before the first ``stride_`` one are pointers, ``stride_<x>b, stride_<x>h,
+    stride_<x>n`` are the (batch, head, row) strides of pointer X, the others until the first
+    ``tl.constexpr`` are scalars, and the ``tl.constexpr`` ones come last. Types are "in" (pointers)
+    and "i32" (scalars) unless ``types`` names another."""
+    params = inspect.signature(fn.fn).parameters
+    names = tuple(params)
+    constexprs = tuple(n for n, p in params.items() if "constexpr" in str(p.annotation))
+    runtime = names[:len(names) - len(constexprs)]
+    first = next((i for i, n in enumerate(runtime) if n.startswith("stride_")), len(runtime))
+    pointers = runtime[:first]
+    owners = {p.lower(): p for p in pointers}
+    strides, i = [], first
+    while i < len(runtime) and runtime[i].startswith("stride_"):
+        owner = owners.get(runtime[i][len("stride_"):-1])
+        if owner is None or runtime[i:i + 3] != tuple(f"stride_{owner.lower()}{a}" for a in "bhn"):
+            raise ValueError(f"{name}: strides come as stride_<x>b, stride_<x>h, stride_<x>n of a "
+                             f"pointer <X> {pointers}, got {runtime[i:i + 3]}")
+        strides.append(owner)
+        i += 3
+    scalars = runtime[i:]
+    if names[len(runtime):] != constexprs or any(n.startswith("stride_") for n in scalars):
+        raise ValueError(f"{name}: the kernel's parameters must come as pointers, strides, scalars, "
+                         f"then constexprs; {fn.fn.__name__} has {names}")
+    unknown = {n: t for n, t in types.items() if n not in runtime or t not in TYPES}
+    if unknown:
+        raise ValueError(f"{name}: types must name pointers or scalars of the kernel, each one of "
+                         f"{TYPES}; got {unknown}")
+    return ({p: types.get(p, "in") for p in pointers}, tuple(strides),
+            {s: types.get(s, "i32") for s in scalars}, constexprs)
+
+
 @dataclass(frozen=True)
 class KernelSpec:
-    """One Triton kernel's interface, written once beside it.
+    """One Triton kernel and how it is launched, written once beside it.
 
-    ``pointers``: tensor arguments in order, each with its element type ("in": the inputs' dtype).
-    ``strides``: the pointers whose (batch, head, row) strides follow, in order.
-    ``scalars``: then the scalar arguments, "i32" or "fp32". ``constexprs``: then the compile-time ones.
-    ``grid``: the launch grid from the arguments' values (a dict by name). ``config``: the kernel's key
-    in :mod:`flashlib.kernels.triton.configs`' tables, or None with ``fixed``, the one config it always
-    runs with. ``smem``: ``(cfg, block_d, elem_bytes) -> bytes`` of the tiles it stages (configs prunes
-    by it). ``uses_dot``: it has a tl.dot (tensor cores on sm_80+). Host-side caches, not part of its
-    identity: the argument-name sets :meth:`launch` has checked, and configs' per-device candidates.
-    
+    Its arguments are read from the kernel's signature (:func:`_layout`): ``pointers``, ``strides``
+    (the pointers whose (batch, head, row) strides follow), ``scalars``, ``constexprs``. ``types``:
+    the pointers and scalars that are not "in" (the inputs' dtype) or "i32", e.g. ``LSE="fp32"``.
+    ``grid``: the launch grid from the arguments (a dict by name). ``config``: the kernel's key in
+    :mod:`flashlib.kernels.triton.configs`' tables, or None with ``fixed``, the one config it runs
+    with. ``smem``: ``(cfg, block_d, elem_bytes) -> bytes`` of the tiles it stages (configs prunes
+    by it). ``uses_dot``: it has a tl.dot. ``constants``: constexprs this spec fixes (its callers do
+    not pass them). ``blocks``: ``(cfg, args) -> {constexpr: value}``, the constexprs a config sets
+    (default: BLOCK_M, BLOCK_N where the kernel has them). ``scratch``: the kernel makes tensor
+    descriptors on the device, which need Triton's global scratch allocator during the launch.
+
     Explained in: notebooks/07_triton.
     Tested in: tests/kernels/triton/test_triton_spec.py and tests/kernels/triton/test_triton_host.py.
     """
     name: str
     fn: object
-    pointers: dict[str, str]
-    strides: tuple[str, ...]
-    scalars: dict[str, str]
-    constexprs: tuple[str, ...]
     grid: Callable[[dict], tuple]
+    types: dict = field(default_factory=dict)
     config: str | None = None
     fixed: object = None
     smem: Callable | None = None
     uses_dot: bool = True
-    runtime_args: tuple[str, ...] = field(init=False, repr=False)
+    constants: dict = field(default_factory=dict)
+    blocks: Callable | None = None
+    scratch: bool = False
+    pointers: dict = field(init=False)
+    strides: tuple = field(init=False)
+    scalars: dict = field(init=False)
+    constexprs: tuple = field(init=False)
+    runtime_args: tuple = field(init=False, repr=False)
     # Host-side caches, filled on first use (compare=False: not part of the spec's identity).
-    _checked: dict = field(init=False, repr=False, compare=False, default_factory=dict)   # names -> blocks
+    _checked: dict = field(init=False, repr=False, compare=False, default_factory=dict)   # names -> plan
     _candidates: dict = field(init=False, repr=False, compare=False, default_factory=dict)  # configs' cache
 
     def __post_init__(self):
-        bad = {n: t for n, t in self.pointers.items() if t not in POINTER_TYPES}
-        bad.update({n: t for n, t in self.scalars.items() if t not in SCALAR_TYPES})
-        if bad:
-            raise ValueError(f"{self.name}: argument types must be {POINTER_TYPES} (pointers) or "
-                             f"{SCALAR_TYPES} (scalars), got {bad}")
         if (self.config is None) == (self.fixed is None):
             raise ValueError(f"{self.name}: give exactly one of config (a table key) and fixed (a Config)")
-        strides = tuple(f"stride_{p.lower()}{axis}" for p in self.strides for axis in "bhn")
-        object.__setattr__(self, "runtime_args", (*self.pointers, *strides, *self.scalars))
-        self.check_signature()
+        pointers, strides, scalars, constexprs = _layout(self.name, self.fn, self.types)
+        for name, value in (("pointers", pointers), ("strides", strides), ("scalars", scalars),
+                            ("constexprs", constexprs)):
+            object.__setattr__(self, name, value)
+        if not set(self.constants) <= set(constexprs):
+            raise ValueError(f"{self.name}: constants must be constexprs of the kernel {constexprs}, "
+                             f"got {sorted(self.constants)}")
+        names = tuple(f"stride_{p.lower()}{axis}" for p in strides for axis in "bhn")
+        object.__setattr__(self, "runtime_args", (*pointers, *names, *scalars))
         # launch's getters: pointers, the tensors whose strides follow, scalars, constexprs.
-        for name, names in (("_pointers", tuple(self.pointers)), ("_strided", self.strides),
-                            ("_scalars", tuple(self.scalars)), ("_constexprs", self.constexprs)):
-            object.__setattr__(self, name, _getter(names))
+        for name, keys in (("_pointers", tuple(pointers)), ("_strided", strides),
+                           ("_scalars", tuple(scalars)), ("_constexprs", constexprs)):
+            object.__setattr__(self, name, _getter(keys))
 
     @property
     def arg_names(self) -> tuple[str, ...]:
         """Every argument of the kernel, in its order."""
         return (*self.runtime_args, *self.constexprs)
-
-    def check_signature(self) -> None:
-        """Raise ValueError unless the kernel's real parameters are :attr:`arg_names`, with exactly
-        :attr:`constexprs` annotated ``tl.constexpr``."""
-        params = inspect.signature(self.fn.fn).parameters
-        real = tuple(params)
-        real_constexprs = tuple(n for n, p in params.items() if "constexpr" in str(p.annotation))
-        if real != self.arg_names or real_constexprs != self.constexprs:
-            raise ValueError(f"{self.name}: the spec says arguments {self.arg_names} with constexprs "
-                             f"{self.constexprs}, the kernel {self.fn.fn.__name__} has {real} with "
-                             f"constexprs {real_constexprs}")
 
     def signature(self, dtype: str) -> dict[str, str]:
         """Triton's compile signature (``{name: "*fp16" | "i32" | "fp32" | "constexpr"}``) for inputs
@@ -138,50 +167,101 @@ class KernelSpec:
 
     def block_constexprs(self, cfg) -> dict:
         """The constexprs a config sets: BLOCK_M and BLOCK_N, where the kernel has them."""
-        return {n: v for n, v in (("BLOCK_M", cfg.block_m), ("BLOCK_N", cfg.block_n)) if n in self.constexprs}
+        return {n: v for n, v in (("BLOCK_M", cfg.block_m), ("BLOCK_N", cfg.block_n))
+                if n in self.constexprs}
 
-    def launch(self, cfg=None, **values):
-        """Launch the kernel with ``cfg`` (None: ``fixed``) and the arguments by name, strides left out:
-        they are read from the pointers' tensors. BLOCK_M/BLOCK_N come from ``cfg`` unless given.
-        TypeError naming the missing and unknown arguments if the names are not the kernel's."""
-        cfg = self.fixed if cfg is None else cfg
-        if cfg is None:
-            raise TypeError(f"{self.name}.launch: cfg is required (a configs.Config from the {self.config!r} "
-                            "tables: use configs.launch)")
-        names = tuple(values)
-        blocks = self._checked.get(names)
-        if blocks is None:
-            blocks = self._check_names(names)
-        if blocks[0]:
-            values["BLOCK_M"] = cfg.block_m
-        if blocks[1]:
-            values["BLOCK_N"] = cfg.block_n
-        args = [*self._pointers(values)]
-        for t in self._strided(values):
-            args += t.stride()[:3]                        # (batch, head, row) strides
-        args += self._scalars(values)
-        kwargs = dict(zip(self.constexprs, self._constexprs(values)), num_warps=cfg.num_warps,
-                      num_stages=cfg.num_stages)
-        return self._run(self.grid(values), args, kwargs)
+    def launch(self, config=None, **args):
+        """Launch the kernel on the arguments by name (strides left out: they are read from the
+        pointers' tensors; UPCAST too, where the kernel has it: :func:`configs.tile_plan`).
 
-    def _check_names(self, names: tuple[str, ...]) -> tuple[bool, bool]:
+        ``config``: None lets the device's table choose (:func:`configs.candidates`): the candidates
+        are tried in order while Triton raises OutOfResources (more shared memory or registers than
+        the GPU has: the estimate was wrong). A :class:`configs.Config` is run as given, made
+        :func:`configs.safe`, its None fields taken from the table's first choice. A kernel with a
+        ``fixed`` config runs that. TypeError naming the missing and unknown arguments if the
+        names are not the kernel's.
+        """
+        names = tuple(args)
+        plan = self._checked.get(names)
+        if plan is None:
+            plan = self._check_names(names)
+        first, set_upcast, config_blocks = plan
+        tensor = args[first]
+        if set_upcast:                            # fp32 tiles where 16-bit ones fail (configs.tile_plan)
+            args["UPCAST"], elem_bytes = configs.tile_plan(tensor)
+        elif self.fixed is None:
+            elem_bytes = configs.tile_plan(tensor)[1]
+        if self.fixed is not None:
+            candidates = (self.fixed,)
+        else:
+            candidates = configs.candidates(self, tensor.device, args["BLOCK_D"], elem_bytes, config)
+        if self.constants:
+            args.update(self.constants)
+        last = candidates[-1]
+        for cfg in candidates:
+            if self.blocks is not None:
+                args.update(self.blocks(cfg, args))
+            else:
+                for n in config_blocks:
+                    args[n] = cfg.block_m if n == "BLOCK_M" else cfg.block_n
+            values = [*self._pointers(args)]
+            for t in self._strided(args):
+                values += t.stride()[:3]                  # (batch, head, row) strides
+            values += self._scalars(args)
+            kwargs = dict(zip(self.constexprs, self._constexprs(args)), num_warps=cfg.num_warps,
+                          num_stages=cfg.num_stages)
+            try:
+                return self._run(self.grid(args), values, kwargs)
+            except OutOfResources:
+                if cfg is last:
+                    raise
+
+    def _check_names(self, names: tuple[str, ...]) -> tuple:
         """Check once per set of names a launcher passes (TypeError naming what is missing or
-        unknown); remember which of BLOCK_M, BLOCK_N the config must supply."""
-        blocks = tuple(n in self.constexprs and n not in names for n in ("BLOCK_M", "BLOCK_N"))
-        given = {*names, *(n for n, b in zip(("BLOCK_M", "BLOCK_N"), blocks) if b),
-                 *(n for n in self.runtime_args if n.startswith("stride_"))}
-        missing = [n for n in self.arg_names if n not in given]
-        extra = sorted(set(names) - set(self.arg_names))
+        unknown), and remember the launch's plan for them: the first pointer (its device and dtype
+        choose the config), whether launch sets UPCAST, and which of BLOCK_M, BLOCK_N the config sets."""
+        set_upcast = "UPCAST" in self.constexprs and "UPCAST" not in names
+        config_blocks = tuple(n for n in ("BLOCK_M", "BLOCK_N") if n in self.constexprs and n not in names)
+        made = {n for n in self.runtime_args if n.startswith("stride_")} | set(self.constants)
+        made |= set(config_blocks) | ({"UPCAST"} if set_upcast else set())
+        missing = [n for n in self.arg_names if n not in names and n not in made]
+        extra = sorted(set(names) - set(self.arg_names) | (set(names) & set(self.constants)))
         if missing or extra:
             raise TypeError(f"{self.name}.launch: missing arguments {missing}, unknown arguments {extra}")
-        self._checked[names] = blocks
-        return blocks
+        plan = (next(iter(self.pointers)), set_upcast, config_blocks)
+        self._checked[names] = plan
+        return plan
 
     def _run(self, grid, args, kwargs):
-        lock = _INTERPRETED_LAUNCH
-        if lock is None:                                  # compiled: launches are thread-safe
-            self.fn[grid](*args, **kwargs)
-            return
-        with lock, warnings.catch_warnings():            # interpreted: one launch at a time, and
-            warnings.simplefilter("ignore", RuntimeWarning)   # NumPy's NaN warnings are not ours
-            self.fn[grid](*args, **kwargs)
+        """The launch itself: ``fn[grid](*args, **kwargs)``, under the interpreter's lock where Triton
+        interprets, and with Triton's scratch allocator where the spec says (``scratch``)."""
+        token = _ALLOCATOR.set(_scratch) if self.scratch else None
+        try:
+            lock = _INTERPRETED_LAUNCH
+            if lock is None:                              # compiled: launches are thread-safe
+                self.fn[grid](*args, **kwargs)
+                return
+            with lock, warnings.catch_warnings():        # interpreted: one launch at a time, and
+                warnings.simplefilter("ignore", RuntimeWarning)   # NumPy's NaN warnings are not ours
+                self.fn[grid](*args, **kwargs)
+        finally:
+            if token is not None:
+                _ALLOCATOR.reset(token)
+
+
+def _scratch(size: int, alignment: int, stream):
+    """Triton's allocator protocol: global scratch for the tensor descriptors each program writes."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _allocator_var():
+    """Triton's allocator ContextVar (triton.set_allocator sets it; triton >= 3.4, which the
+    descriptor kernels need), or a stand-in that refuses where this Triton has none."""
+    try:
+        from triton.runtime._allocation import _allocator
+        return _allocator
+    except ImportError:                                   # pragma: no cover - triton < 3.4
+        return None
+
+
+_ALLOCATOR = _allocator_var()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 import flashlib.kernels.triton  # noqa: F401  (fixes Triton's mode first: interpreter when no GPU)
 from flashlib.kernels.triton import configs, fa2_bwd, fa2_fwd
 from flashlib.kernels.triton.configs import Config
+from flashlib.kernels.triton.spec import KernelSpec
 from triton_cases import TABLE_SPECS
 
 ARCHS = ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90"]
@@ -117,21 +119,31 @@ def test_sm75_fp32_estimates_prune_to_the_tiles_that_fit():
     assert configs.arch_config(dec, "sm_75", 128, 4) == Config(16, 32, 4, 1)
 
 
-def test_out_of_resources_falls_back_to_the_next_candidate():
+def test_out_of_resources_falls_back_to_the_next_candidate(monkeypatch):
+    """KernelSpec.launch tries the device's candidates in order while Triton raises OutOfResources, and
+    raises it when the last one fails too (the candidates faked: a GPU's list on a CPU tensor)."""
     from triton.runtime.errors import OutOfResources
     tried = []
 
-    def run(cfg):
-        tried.append(cfg)
-        if cfg.block_m > 32:
+    def run(self, grid, args, kwargs):
+        tried.append(Config(kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["num_warps"], kwargs["num_stages"]))
+        if kwargs["BLOCK_M"] > limit:
             raise OutOfResources(200_000, 101_376, "shared memory")
-        return cfg
 
-    cands = configs.CANDIDATES["fwd"]
-    assert configs.run_with_fallback(run, cands) == Config(32, 32, 4, 1)
-    assert tried == cands
-    with pytest.raises(OutOfResources):
-        configs.run_with_fallback(run, cands[:2])
+    cands = tuple(configs.CANDIDATES["fwd"])
+    monkeypatch.setattr(KernelSpec, "_run", run)
+    monkeypatch.setattr(configs, "_device_candidates", lambda *a: cands)
+    q = torch.zeros(1, 1, 8, 16)
+    for limit in (32, 16):
+        tried.clear()
+        call = lambda: fa2_fwd.forward(q, q, q, causal=False, scale=0.25)   # noqa: E731
+        if limit == 32:
+            call()
+            assert tried == list(cands) and tried[-1] == Config(32, 32, 4, 1)
+        else:
+            with pytest.raises(OutOfResources):
+                call()
+            assert tried == list(cands)
 
 
 def test_sm75_estimates_count_the_ffma_staging():
@@ -172,12 +184,21 @@ def test_no_table_ever_offers_a_hazardous_config(kernel, arch):
                        for c in configs.arch_candidates(TABLE_SPECS[kernel], arch, block_d, es))
 
 
-def test_a_callers_hazardous_config_runs_unpipelined():
-    """launch(config=...) is the path of flashlib.attention's block_q/block_k: the guard holds there."""
+def test_a_callers_hazardous_config_runs_unpipelined(monkeypatch):
+    """A caller's config (flashlib.attention's block_q/block_k) reaches the launch made safe: the guard
+    holds there; a None block is the table's first candidate's."""
     ran = []
-    configs.launch(TABLE_SPECS["bwd_dkdv"], None, 128, 2, ran.append, config=Config(32, 64, 8, 2))
-    configs.launch(fa2_fwd.SPEC, None, 128, 2, ran.append, config=Config(32, 64, 8, 2))
-    assert ran == [Config(32, 64, 8, 1), Config(32, 64, 8, 2)]
+    monkeypatch.setattr(KernelSpec, "_run", lambda self, grid, args, kwargs: ran.append(
+        (self.name, Config(kwargs["BLOCK_M"], kwargs.get("BLOCK_N"), kwargs["num_warps"], kwargs["num_stages"]))))
+    q = torch.zeros(1, 1, 8, 16)
+    lse = torch.zeros(1, 1, 8)
+    fa2_bwd.backward(q, q, q, q, lse, q, causal=False, scale=0.25, config_dkdv=Config(32, 64, 8, 2),
+                     config_dq=Config(32, 64, 8, 2))
+    fa2_fwd.forward(q, q, q, causal=False, scale=0.25, config=Config(32, 64, 8, 2))
+    fa2_fwd.forward(q, q, q, causal=False, scale=0.25, config=Config(None, 64, 8, 2))
+    first = configs.INTERPRETER["fwd"]
+    assert ran[1:] == [("fa2_bwd_dkdv", Config(32, 64, 8, 1)), ("fa2_bwd_dq", Config(32, 64, 8, 2)),
+                       ("fa2_fwd", Config(32, 64, 8, 2)), ("fa2_fwd", Config(first.block_m, 64, 8, 2))]
 
 
 def test_sm90_backward_uses_the_fastest_pair_measured_right():

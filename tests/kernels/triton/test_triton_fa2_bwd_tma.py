@@ -32,8 +32,9 @@ CASES = [(1, 4, 2, 45, 70, 64, True), (1, 2, 1, 37, 20, 40, False), (1, 1, 1, 20
 def tma_backward(monkeypatch):
     """flashlib.attention's backward through the TMA dK/dV (FLASHLIB_TRITON_BWD=tma), counting its calls."""
     calls = []
-    real = fa2_bwd_tma.backward
-    monkeypatch.setattr(fa2_bwd_tma, "backward", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    real = fa2_bwd.backward
+    monkeypatch.setattr(fa2_bwd, "backward", lambda *a, dkdv_spec, **kw: (
+        dkdv_spec is fa2_bwd_tma.DKDV_SPEC and calls.append(a[0].shape)) or real(*a, dkdv_spec=dkdv_spec, **kw))
     monkeypatch.setenv("FLASHLIB_TRITON_BWD", "tma")
     return calls
 
@@ -86,7 +87,7 @@ def test_a_misaligned_do_alone_sends_the_backward_to_version_2(monkeypatch):
     monkeypatch.delenv("FLASHLIB_TRITON_BWD", raising=False)
     assert triton_backend.backward_version(q, k, v, do) == "v2"          # the default
     monkeypatch.setenv("FLASHLIB_TRITON_BWD", "tma")
-    assert triton_backend.backward_version(q, k, v, do) == "tma"
+    assert triton_backend.backward_version(q, k, v, do) == "v5"
     assert triton_backend.backward_version(q, k, v, odd) == "v2"
     assert "do's strides" in fa2_bwd_tma.supported(q, k, v, odd)
 
@@ -94,7 +95,8 @@ def test_a_misaligned_do_alone_sends_the_backward_to_version_2(monkeypatch):
 def test_env_with_an_unknown_version_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("FLASHLIB_TRITON_BWD", "v1")
     q, k, v, do = make_qkv(1, 1, 1, 8, 8, 16, dtype=torch.float16, device=DEVICE)
-    with pytest.raises(ValueError, match=r"FLASHLIB_TRITON_BWD must be one of \('v2', 'tma'\), got 'v1'"):
+    with pytest.raises(ValueError, match=r"FLASHLIB_TRITON_BWD must be one of \('v2', 'v5'\) or an alias "
+                                         r"\('tma',\) \(triton backward\), got 'v1'"):
         run_triton(q, k, v, do, False)
 
 

@@ -127,13 +127,30 @@ def test_bad_arguments_are_named():
         fa2_bwd_tma.backward(q, k, v, o, lse, None, causal=False, scale=0.5)
 
 
-def test_scratch_allocator_is_scoped_to_the_launch():
-    """Inside the launch Triton's allocator is the kernel's scratch; afterwards the caller's is back."""
+def test_scratch_allocator_is_scoped_to_the_launch(monkeypatch):
+    """Inside the launch of a spec with scratch=True Triton's allocator is the descriptors' scratch;
+    afterwards (and for a spec without, and after a launch that raised) the caller's is back."""
     from triton.runtime import _allocation
+
+    from flashlib.kernels.triton import spec as spec_module
     before = _allocation._allocator.get()
     seen = []
-    fa2_fwd_tma.with_scratch(lambda: seen.append(_allocation._allocator.get()))
-    assert seen == [fa2_fwd_tma._scratch] and _allocation._allocator.get() is before
+    kind = type(fa2_fwd_tma.SPEC.fn)
+
+    def getitem(fn, grid):
+        seen.append((fn.fn.__name__, _allocation._allocator.get()))
+        if fn.fn.__name__ == "_bwd_dq":
+            raise RuntimeError("a launch that fails")
+        return lambda *args, **kwargs: None
+    monkeypatch.setattr(kind, "__getitem__", getitem)
+    q, k, v, do = make_qkv(1, 2, 1, 8, 8, 16, dtype=torch.float16, device=DEVICE)
+    fa2_fwd_tma.forward(q, k, v, causal=False, scale=0.25)
+    with pytest.raises(RuntimeError, match="a launch that fails"):
+        fa2_bwd_tma.backward(q, k, v, q, torch.zeros(1, 2, 8), do, causal=False, scale=0.25)
+    scratch = spec_module._scratch
+    assert seen == [("_fwd_tma_kernel", scratch), ("_bwd_preprocess", before), ("_bwd_dkdv_tma", scratch),
+                    ("_bwd_dq", before)]
+    assert _allocation._allocator.get() is before
 
 
 # ------------------------------------------------------- through flashlib.attention: FLASHLIB_TRITON_FWD
@@ -141,8 +158,9 @@ def test_scratch_allocator_is_scoped_to_the_launch():
 def test_env_selects_the_tma_forward_where_it_applies(monkeypatch):
     monkeypatch.delenv("FLASHLIB_TRITON_FWD", raising=False)       # the default, whatever the caller's
     calls = []
-    real = fa2_fwd_tma.forward
-    monkeypatch.setattr(fa2_fwd_tma, "forward", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    real = fa2_fwd.forward
+    monkeypatch.setattr(fa2_fwd, "forward", lambda *a, spec, **kw: (
+        spec is fa2_fwd_tma.SPEC and calls.append(a[0].shape)) or real(*a, spec=spec, **kw))
     q, k, v, do = make_qkv(1, 4, 2, 33, 47, 40, dtype=torch.float16, seed=4, device=DEVICE)
     flashlib.attention(q, k, v, backend="triton")
     assert calls == []                                        # default: version 1
@@ -159,7 +177,8 @@ def test_env_selects_the_tma_forward_where_it_applies(monkeypatch):
 def test_env_with_an_unknown_version_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("FLASHLIB_TRITON_FWD", "v9")
     q, k, v, _ = make_qkv(1, 1, 1, 8, 8, 16, dtype=torch.float16, device=DEVICE)
-    with pytest.raises(ValueError, match=r"FLASHLIB_TRITON_FWD must be one of \('v1', 'tma'\), got 'v9'"):
+    with pytest.raises(ValueError, match=r"FLASHLIB_TRITON_FWD must be one of \('v1', 'v4'\) or an alias "
+                                         r"\('tma',\) \(triton forward\), got 'v9'"):
         flashlib.attention(q, k, v, backend="triton")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import sys
 import types
 
@@ -36,7 +37,7 @@ BUDGET = {"forward": 30, "backward": 47, "tma forward": 45}
 
 # Work that belongs to a first call only: none of it may run on a warm one (_handle_fromlist: a
 # `from ... import` inside a function).
-FIRST_CALL_ONLY = {"arch_candidates", "_check_names", "check_signature", "_table_config",
+FIRST_CALL_ONLY = {"arch_candidates", "_check_names", "_layout", "_table_config",
                    "get_device_properties", "get_device_capability", "_handle_fromlist"}
 
 
@@ -101,7 +102,8 @@ def test_the_knobs_are_read_on_every_call(launches, monkeypatch):
     backend.forward(q, k, v, causal=False, scale=0.125)
     assert launches == ["fa2_fwd", "fa2_fwd_tma", "fa2_fwd"]
     monkeypatch.setenv("FLASHLIB_TRITON_BWD", "v9")
-    with pytest.raises(ValueError, match=r"FLASHLIB_TRITON_BWD must be one of \('v2', 'tma'\), got 'v9'"):
+    with pytest.raises(ValueError, match=r"FLASHLIB_TRITON_BWD must be one of \('v2', 'v5'\) or an alias \('tma',\) "
+                       r"\(triton backward\), got 'v9'"):
         backend.forward(q, k, v, causal=False, scale=0.125)
 
 
@@ -204,7 +206,7 @@ def test_config_candidates_are_worked_out_once_per_spec_and_device(two_gpus, mon
 def test_a_callers_blocks_may_be_a_list_or_a_tuple():
     """The caller's (block_q, block_k) become a Config once (cached by value): a list is taken as a tuple,
     and a bad block is still the clear ValueError, every time."""
-    assert backend._config([None, 32]) == backend._config((None, 32)) == configs.Config(32, 32, 4, 1)
+    assert backend._config([None, 32]) == backend._config((None, 32)) == configs.Config(None, 32, 4, 1)
     assert backend._config([None, None]) is None
     for _ in range(2):
         with pytest.raises(ValueError, match="backend='triton' needs block_k to be a power of two >= 16"):
@@ -223,12 +225,12 @@ def test_each_entry_point_runs_with_q_s_cuda_device_current(monkeypatch):
         yield
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", device)
-    seen = []
-    run = backend._on_q_device(lambda q, *a, **kw: seen.append((q, a, kw, list(entered))) or "out")
     on = {name: types.SimpleNamespace(device=torch.device(name)) for name in ("cuda:1", "cuda:0", "cuda", "cpu")}
-    assert run(on["cuda:1"], 2, x=3) == "out" and entered == [torch.device("cuda:1")]
-    assert seen[-1] == (on["cuda:1"], (2,), {"x": 3}, [torch.device("cuda:1")])    # ran inside the guard
+    with backend._OnDevice(on["cuda:1"]):
+        assert entered == [torch.device("cuda:1")]                                # runs inside the guard
     for name in ("cuda:0", "cuda", "cpu"):                                        # already current, or CPU
-        assert run(on[name]) == "out" and entered == [torch.device("cuda:1")]
-    for entry in (backend.forward, backend.backward, backend.decode):
-        assert entry.__wrapped__.__module__ == backend.__name__                  # every entry is guarded
+        with backend._OnDevice(on[name]):
+            pass
+    assert entered == [torch.device("cuda:1")]
+    for entry in (backend.forward, backend.backward, backend.decode):             # every entry is guarded
+        assert "_OnDevice(q)" in inspect.getsource(entry)

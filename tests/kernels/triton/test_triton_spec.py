@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import flashlib.kernels.triton as ft
 from flashlib.hardware import CUDA_GRID_MAX
 from flashlib.kernels.triton import configs, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma
 from flashlib.kernels.triton import decode as tdecode
+from flashlib.kernels.triton import tl
 from flashlib.kernels.triton.configs import Config
 from flashlib.kernels.triton.spec import KernelSpec
 from flashlib.tools.compile_report import triton_specs
@@ -31,28 +33,39 @@ def test_spec_matches_the_kernels_real_signature(s):
     assert set(s.signature("fp16")) == set(s.arg_names)
 
 
-@pytest.mark.parametrize("change", ["drop a scalar", "swap two scalars", "constexpr as a scalar",
-                                    "a stride too many"])
-def test_a_spec_that_disagrees_with_its_kernel_is_refused(change):
-    s = fa2_fwd.SPEC
-    scalars = dict(s.scalars)
-    kw = dict(scalars=scalars, constexprs=s.constexprs, strides=s.strides)
-    if change == "drop a scalar":
-        scalars.pop("GROUP")
-    elif change == "swap two scalars":
-        kw["scalars"] = dict(reversed(list(scalars.items())))
-    elif change == "constexpr as a scalar":
-        kw["scalars"] = {**scalars, "CAUSAL": "i32"}
-        kw["constexprs"] = s.constexprs[1:]
-    else:
-        kw["strides"] = (*s.strides, "LSE")
-    with pytest.raises(ValueError, match="the spec says arguments"):
-        dataclasses.replace(s, **kw)
+def _kernel(params: str):
+    """A stand-in for a jitted kernel with these parameters (KernelSpec reads ``fn.fn``'s signature)."""
+    namespace = {"tl": tl}
+    exec(f"def kernel({params}): pass", namespace)
+    return types.SimpleNamespace(fn=namespace["kernel"])
 
 
-def test_a_spec_refuses_unknown_types_and_config_with_fixed():
-    with pytest.raises(ValueError, match="argument types must be"):
-        dataclasses.replace(fa2_fwd.SPEC, pointers={**fa2_fwd.SPEC.pointers, "LSE": "fp64"})
+@pytest.mark.parametrize("params, match", [
+    ("Q, stride_qb, stride_qh, stride_kn, N", "strides come as"),              # K's strides, no K
+    ("Q, stride_qb, stride_qh, N", "strides come as"),                         # a stride missing
+    ("Q, stride_qb, stride_qh, stride_qn, N, B: tl.constexpr, M", "pointers, strides, scalars"),
+    ("Q, stride_qb, stride_qh, stride_qn, N, stride_x", "pointers, strides, scalars"),
+])
+def test_a_kernel_whose_parameters_break_the_order_is_refused(params, match):
+    with pytest.raises(ValueError, match=match):
+        KernelSpec("k", _kernel(params), grid=lambda a: (1,), fixed=Config(16, 16))
+
+
+def test_the_spec_reads_the_kernels_signature():
+    s = KernelSpec("k", _kernel("Q, LSE, stride_qb, stride_qh, stride_qn, scale, N, C: tl.constexpr"),
+                   grid=lambda a: (1,), types=dict(LSE="fp32", scale="fp32"), fixed=Config(16, 16))
+    assert s.pointers == {"Q": "in", "LSE": "fp32"} and s.strides == ("Q",)
+    assert s.scalars == {"scale": "fp32", "N": "i32"} and s.constexprs == ("C",)
+    assert s.arg_names == ("Q", "LSE", "stride_qb", "stride_qh", "stride_qn", "scale", "N", "C")
+
+
+def test_a_spec_refuses_unknown_types_constants_and_config_with_fixed():
+    with pytest.raises(ValueError, match="types must name pointers or scalars"):
+        dataclasses.replace(fa2_fwd.SPEC, types={"LSE": "fp64"})
+    with pytest.raises(ValueError, match="types must name pointers or scalars"):
+        dataclasses.replace(fa2_fwd.SPEC, types={"LSD": "fp32"})
+    with pytest.raises(ValueError, match="constants must be constexprs"):
+        dataclasses.replace(fa2_fwd.SPEC, constants={"WARP_SPECIALIZE": True})
     with pytest.raises(ValueError, match="exactly one of config"):
         dataclasses.replace(fa2_fwd.SPEC, fixed=Config(64, 64))
 
@@ -75,8 +88,10 @@ def test_launch_names_missing_and_unknown_arguments():
     q = torch.zeros(1, 1, 4, 16, device=DEVICE)
     with pytest.raises(TypeError, match=r"missing arguments \['DELTA'\], unknown arguments \['DELTAS'\]"):
         fa2_bwd.PREPROCESS_SPEC.launch(O=q, DO=q, DELTAS=q, H=1, NQ=4, D=16, BLOCK_D=16)
-    with pytest.raises(TypeError, match="cfg is required"):
-        fa2_fwd.SPEC.launch(Q=q)                      # a kernel with config tables needs its config
+    with pytest.raises(TypeError, match=r"missing arguments \['K', 'V', 'O', 'LSE', 'qk_scale'"):
+        fa2_fwd.SPEC.launch(Q=q)
+    with pytest.raises(TypeError, match=r"unknown arguments \['WARP_SPECIALIZE'\]"):
+        fa2_fwd_tma.SPEC.launch(WARP_SPECIALIZE=True)   # a constant of the spec is not the caller's
 
 
 # ------------------------------------------------------------------------------ flat grids (CUDA limits)

@@ -178,22 +178,22 @@ def test_a_t4_with_triton_3_3_budgets_fp32_tiles(monkeypatch):
 def test_every_launcher_takes_upcast_and_its_budget_from_tile_plan(monkeypatch):
     """Before, each launcher computed UPCAST inline (interpreter and bf16 only) and budgeted the inputs'
     element size: a T4 with triton 3.3 got fp16 tiles that do not compile. Here tile_plan is made to say
-    (True, 4) for float16; every kernel with a tl.dot must be launched with UPCAST=True and budget 4."""
+    (True, 4) for float16; every kernel with a tl.dot must be launched with UPCAST=True and budget 4
+    (KernelSpec.launch sets both, for every launcher)."""
     monkeypatch.setattr(configs, "_PLANS", {})
     monkeypatch.setattr(configs, "upcast_tiles", lambda name, arch, version=None, **kw:
                         name == "float16")
     monkeypatch.setattr(configs, "device_facts", lambda device: _FakeFacts())   # a T4
     seen, budgets = [], []
 
-    def spy_launch(self, cfg=None, **values):
-        seen.append((self.name, values.get("UPCAST")))
+    def spy_run(self, grid, args, kwargs):
+        seen.append((self.name, kwargs.get("UPCAST")))
 
-    def spy_config_launch(spec, device, block_d, elem_bytes, run, config=None):
+    def spy_candidates(spec, device, block_d, elem_bytes, config=None):
         budgets.append((spec.name, elem_bytes))
-        return run(configs.INTERPRETER[spec.config])
-    monkeypatch.setattr(KernelSpec, "launch", spy_launch)
-    for module in (fa2_fwd, fa2_bwd, decode):
-        monkeypatch.setattr(module, "launch", spy_config_launch)
+        return (configs.INTERPRETER[spec.config],)
+    monkeypatch.setattr(KernelSpec, "_run", spy_run)
+    monkeypatch.setattr(configs, "candidates", spy_candidates)
     q, k, v, do = make_qkv(1, 2, 1, 5, 40, 64, dtype=torch.float16)
     fa2_fwd.forward(q, k, v, causal=True, scale=0.125)
     fa2_bwd.backward(q, k, v, q, torch.zeros(1, 2, 5), do, causal=True, scale=0.125)
