@@ -83,7 +83,8 @@ def _check_archs(archs) -> tuple[str, ...]:
 # The constexpr values of the problem the report compiles (causal, true fp32 dots; the decode combine for
 # 16 splits; the TMA forward (version 4) as it runs by default, not warp-specialized); BLOCK_M and BLOCK_N
 # come from each kernel's config; a job's BLOCK_D is its head dim and its UPCAST the launcher's rule
-# (_upcast), these being the defaults.
+# (_upcast), these being the defaults. A constexpr the kernel gives a default (KernelSpec.defaults) is
+# compiled at it unless named here; a spec's constants (KernelSpec.constants) always at theirs.
 REPORT_CONSTEXPRS = dict(CAUSAL=True, BLOCK_D=REPORT_HEAD_DIM, UPCAST=False, PRECISION="ieee", BLOCK_S=16,
                          WARP_SPECIALIZE=False)
 # The decode split kernel stacks a kv head's query rows (group · Nq of them) into one program, with
@@ -199,7 +200,7 @@ def kernel_refusal(spec, arch: str, dtype: str, version: str, block_d: int) -> s
 
 def _job(spec, arch: str, dtype: str, version: str, block_d: int, cfg, *, upcast=None) -> dict:
     """One compile as plain data (it crosses to the child process, and keys the cache)."""
-    values = {**REPORT_CONSTEXPRS, "BLOCK_D": block_d,
+    values = {**spec.defaults, **REPORT_CONSTEXPRS, **spec.constants, "BLOCK_D": block_d,
               "UPCAST": _upcast(dtype, arch, version) if upcast is None else bool(upcast),
               **spec.block_constexprs(cfg)}
     missing = [n for n in spec.constexprs if n not in values]

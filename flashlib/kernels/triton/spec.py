@@ -92,8 +92,9 @@ def _layout(name: str, fn, types: dict) -> tuple:
     if unknown:
         raise ValueError(f"{name}: types must name pointers or scalars of the kernel, each one of "
                          f"{TYPES}; got {unknown}")
+    defaults = {n: params[n].default for n in constexprs if params[n].default is not params[n].empty}
     return ({p: types.get(p, "in") for p in pointers}, tuple(strides),
-            {s: types.get(s, "i32") for s in scalars}, constexprs)
+            {s: types.get(s, "i32") for s in scalars}, constexprs, defaults)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ class KernelSpec:
     ``grid``: the launch grid from the arguments (a dict by name). ``config``: the kernel's key in
     :mod:`flashlib.kernels.triton.configs`' tables, or None with ``fixed``, the one config it runs
     with. ``smem``: ``(cfg, block_d, elem_bytes) -> bytes`` of the tiles it stages (configs prunes
-    by it). ``uses_dot``: it has a tl.dot. ``constants``: constexprs this spec fixes (its callers do
+    by it). ``uses_dot``: it has a tl.dot. ``defaults``: the constexprs the kernel gives a default
+    (``SOFTCAP: tl.constexpr = False``), which a caller may leave out. ``constants``: constexprs this spec fixes (its callers do
     not pass them). ``blocks``: ``(cfg, args) -> {constexpr: value}``, the constexprs a config sets
     (default: BLOCK_M, BLOCK_N where the kernel has them). ``scratch``: the kernel makes tensor
     descriptors on the device, which need Triton's global scratch allocator during the launch.
@@ -129,6 +131,7 @@ class KernelSpec:
     strides: tuple = field(init=False)
     scalars: dict = field(init=False)
     constexprs: tuple = field(init=False)
+    defaults: dict = field(init=False)
     runtime_args: tuple = field(init=False, repr=False)
     # Host-side caches, filled on first use (compare=False: not part of the spec's identity).
     _checked: dict = field(init=False, repr=False, compare=False, default_factory=dict)   # names -> plan
@@ -137,9 +140,9 @@ class KernelSpec:
     def __post_init__(self):
         if (self.config is None) == (self.fixed is None):
             raise ValueError(f"{self.name}: give exactly one of config (a table key) and fixed (a Config)")
-        pointers, strides, scalars, constexprs = _layout(self.name, self.fn, self.types)
+        pointers, strides, scalars, constexprs, defaults = _layout(self.name, self.fn, self.types)
         for name, value in (("pointers", pointers), ("strides", strides), ("scalars", scalars),
-                            ("constexprs", constexprs)):
+                            ("constexprs", constexprs), ("defaults", defaults)):
             object.__setattr__(self, name, value)
         if not set(self.constants) <= set(constexprs):
             raise ValueError(f"{self.name}: constants must be constexprs of the kernel {constexprs}, "
@@ -171,30 +174,35 @@ class KernelSpec:
                 if n in self.constexprs}
 
     def launch(self, config=None, **args):
-        """Launch the kernel on the arguments by name (strides left out: they are read from the
-        pointers' tensors; UPCAST too, where the kernel has it: :func:`configs.tile_plan`).
+        """Launch the kernel on the arguments by name. Strides are left out
+        (read from the pointers' tensors), and so is UPCAST where the kernel
+        has it (:func:`configs.tile_plan`).
 
-        ``config``: None lets the device's table choose (:func:`configs.candidates`): the candidates
-        are tried in order while Triton raises OutOfResources (more shared memory or registers than
-        the GPU has: the estimate was wrong). A :class:`configs.Config` is run as given, made
-        :func:`configs.safe`, its None fields taken from the table's first choice. A kernel with a
-        ``fixed`` config runs that. TypeError naming the missing and unknown arguments if the
-        names are not the kernel's.
+        ``config``: None lets the device's table choose
+        (:func:`configs.candidates`), trying the next candidate while Triton
+        raises OutOfResources (more shared memory or registers than the GPU
+        has: the estimate was wrong). A :class:`configs.Config` runs as given,
+        made :func:`configs.safe`, a None block taken from the table's first
+        choice. A kernel with a ``fixed`` config runs that. TypeError naming
+        the missing and unknown arguments if the names are not the kernel's.
         """
         names = tuple(args)
         plan = self._checked.get(names)
         if plan is None:
             plan = self._check_names(names)
-        first, set_upcast, config_blocks = plan
+        first, set_upcast, config_blocks, defaults = plan
         tensor = args[first]
-        if set_upcast:                            # fp32 tiles where 16-bit ones fail (configs.tile_plan)
+        for n in defaults:          # constexprs left at the kernel's default
+            args[n] = self.defaults[n]
+        if set_upcast:              # fp32 tiles where 16-bit ones fail
             args["UPCAST"], elem_bytes = configs.tile_plan(tensor)
         elif self.fixed is None:
             elem_bytes = configs.tile_plan(tensor)[1]
         if self.fixed is not None:
             candidates = (self.fixed,)
         else:
-            candidates = configs.candidates(self, tensor.device, args["BLOCK_D"], elem_bytes, config)
+            candidates = configs.candidates(self, tensor.device,
+                                            args["BLOCK_D"], elem_bytes, config)
         if self.constants:
             args.update(self.constants)
         last = candidates[-1]
@@ -206,10 +214,10 @@ class KernelSpec:
                     args[n] = cfg.block_m if n == "BLOCK_M" else cfg.block_n
             values = [*self._pointers(args)]
             for t in self._strided(args):
-                values += t.stride()[:3]                  # (batch, head, row) strides
+                values += t.stride()[:3]    # (batch, head, row) strides
             values += self._scalars(args)
-            kwargs = dict(zip(self.constexprs, self._constexprs(args)), num_warps=cfg.num_warps,
-                          num_stages=cfg.num_stages)
+            kwargs = dict(zip(self.constexprs, self._constexprs(args)),
+                          num_warps=cfg.num_warps, num_stages=cfg.num_stages)
             try:
                 return self._run(self.grid(args), values, kwargs)
             except OutOfResources:
@@ -219,16 +227,18 @@ class KernelSpec:
     def _check_names(self, names: tuple[str, ...]) -> tuple:
         """Check once per set of names a launcher passes (TypeError naming what is missing or
         unknown), and remember the launch's plan for them: the first pointer (its device and dtype
-        choose the config), whether launch sets UPCAST, and which of BLOCK_M, BLOCK_N the config sets."""
+        choose the config), whether launch sets UPCAST, which of BLOCK_M, BLOCK_N the config sets,
+        and the constexprs left at the kernel's defaults."""
         set_upcast = "UPCAST" in self.constexprs and "UPCAST" not in names
         config_blocks = tuple(n for n in ("BLOCK_M", "BLOCK_N") if n in self.constexprs and n not in names)
         made = {n for n in self.runtime_args if n.startswith("stride_")} | set(self.constants)
-        made |= set(config_blocks) | ({"UPCAST"} if set_upcast else set())
+        defaults = tuple(n for n in self.defaults if n not in names and n not in self.constants)
+        made |= set(config_blocks) | set(defaults) | ({"UPCAST"} if set_upcast else set())
         missing = [n for n in self.arg_names if n not in names and n not in made]
         extra = sorted(set(names) - set(self.arg_names) | (set(names) & set(self.constants)))
         if missing or extra:
             raise TypeError(f"{self.name}.launch: missing arguments {missing}, unknown arguments {extra}")
-        plan = (next(iter(self.pointers)), set_upcast, config_blocks)
+        plan = (next(iter(self.pointers)), set_upcast, config_blocks, defaults)
         self._checked[names] = plan
         return plan
 
