@@ -207,8 +207,8 @@ from flashlib.tools.compile_report import REPORT_CONSTEXPRS
 spec, out = fa2_fwd_tma.SPEC, {}
 sig = spec.signature("fp16")
 for warps, ws in ((4, True), (8, True), (8, False)):
-    const = {n: {**REPORT_CONSTEXPRS, "BLOCK_M": 128, "BLOCK_N": 64, "WARP_SPECIALIZE": ws}[n]
-             for n in spec.constexprs}
+    values = {**spec.defaults, **REPORT_CONSTEXPRS, "BLOCK_M": 128, "BLOCK_N": 64, "WARP_SPECIALIZE": ws}
+    const = {n: values[n] for n in spec.constexprs}
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             k = triton.compile(ASTSource(spec.fn, sig, const), target=GPUTarget("cuda", 90, 32),

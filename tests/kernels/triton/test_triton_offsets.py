@@ -67,7 +67,7 @@ values = dict(CAUSAL=True, BLOCK_D=128, UPCAST=False, PRECISION="ieee", BLOCK_S=
 out = {}
 for spec in triton_specs():
     cfg = spec.fixed if spec.config is None else configs.arch_config(spec, arch, 128, 2)
-    consts = {**values, **spec.block_constexprs(cfg)}
+    consts = {**spec.defaults, **values, **spec.constants, **spec.block_constexprs(cfg)}
     if spec is decode.SPLIT_SPEC:
         consts["BLOCK_M"] = decode.split_block_m(cfg.block_m, 4, 1)
     sig = spec.signature("fp16")
