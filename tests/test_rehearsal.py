@@ -23,7 +23,7 @@ pytest.importorskip("triton")
 import flashlib  # noqa: E402
 from flashlib import hardware  # noqa: E402
 from flashlib.backends import triton as triton_backend  # noqa: E402
-from flashlib.kernels.triton import configs, decode, fa2_bwd, fa2_fwd  # noqa: E402
+from flashlib.kernels.triton import configs, decode, fa2_bwd, fa2_fwd, tables  # noqa: E402
 from flashlib.ladder.decoding import choose_num_splits  # noqa: E402
 from flashlib.testing import rehearsal  # noqa: E402
 
@@ -92,12 +92,12 @@ def test_kernel_dtypes_on_a_rehearsed_t4_leave_out_bfloat16():
 @pytest.mark.parametrize("block_d, elem_bytes", [(64, 2), (128, 2), (128, 4), (256, 4)])
 def test_config_tables_are_the_t4s_while_rehearsing(spec, block_d, elem_bytes):
     spec = dataclasses.replace(spec)                                 # a fresh spec: empty caches
-    interpreter = (configs.INTERPRETER[spec.config],)
+    interpreter = (tables.INTERPRETER[spec.config],)
     assert configs._device_candidates(spec, CPU, block_d, elem_bytes) == interpreter
     with hardware.rehearse("T4"):
         got = configs._device_candidates(spec, CPU, block_d, elem_bytes)
         assert got == tuple(configs.arch_candidates(spec, "sm_75", block_d, elem_bytes, limit=65536))
-        assert set(got) <= set(configs.table("sm_75", elem_bytes)[spec.config])   # SM75 or SM75_FP32
+        assert set(got) <= set(tables.table("sm_75", elem_bytes)[spec.config])   # SM75 or SM75_FP32
         assert configs.pick_config(spec, CPU, block_d, elem_bytes) == got[0]
     with hardware.rehearse("H100-SXM"):                              # the cache keeps the stand-ins apart
         assert configs._device_candidates(spec, CPU, block_d, elem_bytes) == tuple(
@@ -109,7 +109,7 @@ def test_the_t4s_table_differs_from_the_interpreters():
     """Else the test above could not tell the two apart."""
     with hardware.rehearse("T4"):
         chosen = {s.config: configs.pick_config(s, CPU, 128, 2) for s in TABLE_SPECS}
-    assert chosen != {s.config: configs.INTERPRETER[s.config] for s in TABLE_SPECS}
+    assert chosen != {s.config: tables.INTERPRETER[s.config] for s in TABLE_SPECS}
 
 
 def _qkv(dtype, n=20, d=16):

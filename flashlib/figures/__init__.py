@@ -339,15 +339,15 @@ def program_grid(B: int = 2, H: int = 2, nq: int = 1024, nk: int | None = None, 
     on a flat axis, query block fastest, each cell labelled with its program id and coloured by the key
     blocks it loads (whole + masked; hidden causal blocks are skipped).
 
-    ``config``: a ``configs.Config`` (default: the first forward candidate, ``configs.CANDIDATES["fwd"][0]``).
+    ``config``: a ``configs.Config`` (default: the first forward candidate, ``tables.CANDIDATES["fwd"][0]``).
     Explained in: notebooks/07_triton.
     Tested in: tests/test_figures.py.
     """
-    from ..kernels.triton import configs, fa2_fwd
+    from ..kernels.triton import configs, fa2_fwd, tables
     B, H, nq = check_int(B, "B", 1, 8), check_int(H, "H", 1, 8), check_int(nq, "nq", 1)
     nk = nq if nk is None else check_int(nk, "nk", 1)
     causal = _flag("causal", causal)
-    config = configs.CANDIDATES["fwd"][0] if config is None else config
+    config = tables.CANDIDATES["fwd"][0] if config is None else config
     if not isinstance(config, configs.Config):
         raise TypeError(f"config must be a flashlib.kernels.triton.configs.Config, got {type(config).__name__}")
     bm, bn = config.block_m, config.block_n

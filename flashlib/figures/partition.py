@@ -32,9 +32,9 @@ SHARED = "0.86"                                  # a tile every warp reads
 # --- chapter 4: split-K against split-Q ------------------------------------------------------------
 
 def _fwd_config(config):
-    from ..kernels.triton import configs
+    from ..kernels.triton import configs, tables
     if config is None:                           # the first forward candidate with 4 warps
-        return next(c for c in configs.CANDIDATES["fwd"] if c.num_warps == 4)
+        return next(c for c in tables.CANDIDATES["fwd"] if c.num_warps == 4)
     if not isinstance(config, configs.Config):
         raise TypeError("config must be a flashlib.kernels.triton.configs.Config, "
                         f"got {type(config).__name__}")
@@ -50,7 +50,7 @@ def warp_partition(config=None, *, d: int = 64) -> Figure:
 
     One program holds a query block ``Q_i`` (``block_m x d``) and a key block ``K_j, V_j``
     (``block_n x d``) of the Triton forward's ``config`` (default: the first candidate of
-    ``configs.CANDIDATES["fwd"]`` with 4 warps) and splits the work among ``config.num_warps`` warps.
+    ``tables.CANDIDATES["fwd"]`` with 4 warps) and splits the work among ``config.num_warps`` warps.
     Top row, split-K: warp w takes keys (columns of ``S``) of its slice, so each warp's ``P V`` is a
     *partial* sum over its keys, for every query row: the warps must write, synchronise and add their
     partial ``O`` through shared memory. Bottom row, split-Q: warp w takes query rows of its slice and

@@ -63,19 +63,20 @@ SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION
 # flashlib's rows: the backend each times. "flashlib-cuda" runs kernel v3 (mma.sync) for float16/bfloat16
 # and v1 for float32 (flashlib.kernels.cuda.pick_version), and the CUDA backward (fa2_bwd_v1_mma) where it
 # applies; where it does not (float32, d > 128) the backend's backward is Triton's, not timed twice.
-# "flashlib-tma" is backend "triton" with the TMA kernels (flashlib.kernels.triton.fa2_fwd_tma, and
-# fa2_bwd_tma's dK/dV in the backward); its decode is row "flashlib"'s kernel, not timed twice.
+# "flashlib-tma" is backend "triton" with the TMA kernels (version 4, flashlib.kernels.triton.fa2_fwd_tma,
+# and version 5, fa2_bwd_tma's dK/dV in the backward); its decode is row "flashlib"'s kernel, not timed
+# twice.
 FLASHLIB_IMPLS = {"flashlib": "triton", "flashlib-tma": "triton", "flashlib-cuda": "cuda"}
 # The Triton rows' kernels, (FLASHLIB_TRITON_FWD, FLASHLIB_TRITON_BWD), set around each row's calls only:
-# "flashlib" is pinned too, so that a reader's own FLASHLIB_TRITON_FWD=tma cannot make both rows time
+# "flashlib" is pinned too, so that a reader's own FLASHLIB_TRITON_FWD=v4 cannot make both rows time
 # the TMA kernels.
-TRITON_KERNELS = {"flashlib": ("v1", "v2"), "flashlib-tma": ("tma", "tma")}
+TRITON_KERNELS = {"flashlib": ("v1", "v2"), "flashlib-tma": ("v4", "v5")}
 CUDA_NO_BACKWARD = ("not timed: backend='cuda' takes the Triton kernel's backward here, timed in row "
                     "'flashlib'")
 TMA_NO_DECODE = ("not timed: the TMA kernels are a forward and a dK/dV; the decode kernel is the one timed "
                  "in row 'flashlib'")
-TMA_REFUSED = ("the TMA kernels do not take these tensors (versions 1 and 2, which FLASHLIB_TRITON_FWD/BWD=tma "
-               "run instead, are row 'flashlib')")
+TMA_REFUSED = ("the TMA kernels do not take these tensors (versions 1 and 2, which "
+               "FLASHLIB_TRITON_FWD/BWD=v4/v5 run instead, are row 'flashlib')")
 # config["sdpa_kv"] in a GQA run: how each SDPA row got K and V (see _sdpa_native_gqa)
 SDPA_KV = {True: "enable_gqa", False: "expanded"}
 NOT_ASKED = "not timed: not asked for (run(only=...), --only)"

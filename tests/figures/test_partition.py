@@ -13,7 +13,7 @@ need_module("matplotlib")
 from matplotlib.figure import Figure  # noqa: E402
 
 from flashlib import IOCounter, figures  # noqa: E402
-from flashlib.kernels.triton import configs  # noqa: E402
+from flashlib.kernels.triton import configs, tables  # noqa: E402
 from flashlib.ladder import fa2  # noqa: E402
 from flashlib.ladder.masks import block_hidden  # noqa: E402
 from flashlib.testing import random_qkv  # noqa: E402
@@ -29,10 +29,10 @@ def _ticks(ax, axis: str) -> list[str]:
 
 # --- warp_partition ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cfg", [None, configs.CANDIDATES["fwd"][0], configs.Config(32, 16, 2, 1)])
+@pytest.mark.parametrize("cfg", [None, tables.CANDIDATES["fwd"][0], configs.Config(32, 16, 2, 1)])
 def test_warp_partition_labels_every_warps_slice_by_index(cfg):
     fig = figures.warp_partition(cfg)
-    cfg = cfg or next(c for c in configs.CANDIDATES["fwd"] if c.num_warps == 4)
+    cfg = cfg or next(c for c in tables.CANDIDATES["fwd"] if c.num_warps == 4)
     assert isinstance(fig, Figure)
     split_k, split_q = fig.axes
     assert "split-K" in split_k.get_title(loc="left") and "split-Q" in split_q.get_title(loc="left")
@@ -54,8 +54,8 @@ def test_warp_partition_labels_every_warps_slice_by_index(cfg):
 
 def test_warp_partition_default_is_a_real_forward_config():
     fig = figures.warp_partition()
-    default = next(c for c in configs.CANDIDATES["fwd"] if c.num_warps == 4)
-    assert default in configs.CANDIDATES["fwd"] and str(default) in fig.get_suptitle()
+    default = next(c for c in tables.CANDIDATES["fwd"] if c.num_warps == 4)
+    assert default in tables.CANDIDATES["fwd"] and str(default) in fig.get_suptitle()
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

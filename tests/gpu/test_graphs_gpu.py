@@ -3,11 +3,11 @@
 A decode step that reads anything back from the GPU (for example the range of ``cache_seqlens``) makes
 the host wait for every queued kernel, about 100 µs on an H100, and cannot be captured in a CUDA graph.
 torch's sync debug mode turns any such read into an error; a captured graph replayed on new inputs
-must give what an eager call gives. The attention tests run twice: with the default Triton kernels and
-with the TMA kernels (FLASHLIB_TRITON_FWD/BWD=tma), whose launches also allocate descriptor scratch,
-where this Triton has them (3.4 on), and in every 16-bit dtype this GPU takes (bfloat16 from sm_80:
-flashlib.hardware.kernel_dtypes), chosen when collected. backend="cuda" under capture:
-tests/gpu/test_cuda_gpu.py.
+must give what an eager call gives. The attention tests run twice: with the default Triton kernels
+(kernel=("v1", "v2")) and with the TMA kernels (kernel=("v4", "v5")), whose launches also allocate
+descriptor scratch, where this Triton has them (3.4 on), and in every 16-bit dtype this GPU takes
+(bfloat16 from sm_80: flashlib.hardware.kernel_dtypes), chosen when collected. backend="cuda" under
+capture: tests/gpu/test_cuda_gpu.py.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from flashlib.kernels.triton import versions
 from triton_cases import make_qkv
 
 HALF = [getattr(torch, n) for n in kernel_dtypes("cuda") if n != "float32"]     # bfloat16 from sm_80
-KERNELS = ["default"] + (["tma"] if versions.has_tensor_descriptors() else [])
+# flashlib.attention's kernel=: versions 1/2, and the TMA kernels where this Triton has descriptors
+KERNELS = [("v1", "v2")] + ([("v4", "v5")] if versions.has_tensor_descriptors() else [])
 
 
 @pytest.fixture
@@ -33,20 +34,19 @@ def no_sync():
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.fixture(params=KERNELS)
-def kernels(request, monkeypatch):
-    """The Triton kernels flashlib.attention runs: versions 1/2, or the TMA kernels (the tests check
-    with :func:`assert_kernels` that these are the ones chosen)."""
-    versions = ("v1", "v2") if request.param == "default" else ("tma", "tma")
-    monkeypatch.setenv("FLASHLIB_TRITON_FWD", versions[0])
-    monkeypatch.setenv("FLASHLIB_TRITON_BWD", versions[1])
-    return versions
+@pytest.fixture(params=KERNELS, ids="-".join)
+def kernels(request):
+    """The Triton kernels flashlib.attention runs, as its kernel= (forward, backward): versions 1/2, or
+    the TMA kernels (versions 4/5). A version named with kernel= runs or raises ValueError, never
+    falls back, so the TMA param is not vacuous."""
+    return request.param
 
 
 def assert_kernels(versions, q, k, v, do):
-    """The backend chooses ``versions`` (forward, backward) for these tensors: the TMA param is not vacuous."""
+    """The versions named run these tensors (a ValueError says why where one cannot)."""
     from flashlib.backends import triton as triton_backend
-    assert (triton_backend.forward_version(q, k, v), triton_backend.backward_version(q, k, v, do)) == versions
+    assert (triton_backend.forward_version(q, k, v, versions[0]),
+            triton_backend.backward_version(q, k, v, do, versions[1])) == versions
 
 
 def _decode_inputs(seed=0):
@@ -75,14 +75,14 @@ def test_attention_forward_and_backward_never_sync(causal, kernels):
     q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, torch.float16, seed=1, device="cuda")
     assert_kernels(kernels, q, k, v, do)
     leaves = [x.requires_grad_() for x in (q, k, v)]
-    flashlib.attention(*leaves, causal=causal).backward(do)        # compile outside the debug mode
+    flashlib.attention(*leaves, causal=causal, kernel=kernels).backward(do)   # compiled outside debug mode
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        o = flashlib.attention(*leaves, causal=causal)
+        o = flashlib.attention(*leaves, causal=causal, kernel=kernels)
         torch.autograd.grad(o, leaves, do)
         with torch.no_grad():
-            flashlib.attention(q, k, v, causal=causal)
+            flashlib.attention(q, k, v, causal=causal, kernel=kernels)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -127,7 +127,7 @@ def test_attention_inference_is_captured_in_a_cuda_graph(causal, kernels, dtype)
 
     def step():
         with torch.no_grad():
-            return flashlib.attention(q, k, v, causal=causal)
+            return flashlib.attention(q, k, v, causal=causal, kernel=kernels)
 
     graph, out = _capture(step)
     q.copy_(torch.randn_like(q))

@@ -1,13 +1,13 @@
 """Tensors on a GPU that is not the current one (machines with two or more GPUs).
 
 Triton launches on the *current* CUDA device, whatever device the tensors live on, so the Triton backend
-runs each entry point under ``torch.cuda.device(q.device)`` (flashlib.backends.triton._on_q_device; its
-logic is tested on a CPU in tests/kernels/triton/test_triton_host.py). Here, with cuda:0 current, inputs
-on the last GPU must give the same bits as the same inputs on cuda:0 (the same GPU model; close in fp16
-otherwise), forward, backward and decode, and
-the outputs must live on the inputs' GPU. tests/gpu/conftest.py collects this file only where torch
-sees two GPUs or more (not a skip: on one GPU there is nothing to run; the tier's report header says
-whether it was collected, and FLASHLIB_GPU_COUNT states how many the machine must show).
+runs each entry point under ``torch.cuda.device(q.device)`` (``with _OnDevice(q)`` in
+flashlib.backends.triton; its logic is tested on a CPU in tests/kernels/triton/test_triton_host.py).
+Here, with cuda:0 current, inputs on the last GPU must give the same bits as the same inputs on cuda:0
+(the same GPU model; close in fp16 otherwise), forward, backward and decode, and the outputs must live
+on the inputs' GPU. tests/gpu/conftest.py collects this file only where torch sees two GPUs or more
+(not a skip: on one GPU there is nothing to run; the tier's report header says whether it was
+collected, and FLASHLIB_GPU_COUNT states how many the machine must show).
 """
 from __future__ import annotations
 

@@ -8,9 +8,10 @@ dK/dV config class that was wrong and non-deterministic while every CPU test pas
 fp32 tightly against the float64 oracle, fp16/bf16 under FlashAttention's rule (2x a plain same-dtype
 implementation, 3x for gradients), adversarial shapes. The TMA kernels (tensor descriptors, TMA on sm_90,
 which the interpreter only emulates) get the same checks at the head dims they take: the TMA forward
-(fa2_fwd_tma) under FLASHLIB_TRITON_FWD=tma with the backward, and against version 1 on the same inputs;
-the TMA dK/dV (fa2_bwd_tma, in version 2's backward) under FLASHLIB_TRITON_BWD=tma, bit for bit
-deterministic, and against version 2's gradients on the same inputs.
+(version 4, fa2_fwd_tma's spec in fa2_fwd.forward) named with kernel=("v4", "v2") with the backward, and
+against version 1 on the same inputs; the TMA dK/dV (version 5: fa2_bwd_tma's dK/dV spec in version 2's
+backward) named with kernel=("v1", "v5"), bit for bit deterministic, and against version 2's gradients
+on the same inputs.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from triton_cases import TABLE_SPECS, case_id, make_qkv, run_triton  # tests/tri
 DEVICE = torch.device("cuda")
 # Chosen by capability when collected, never skipped: the dtypes this GPU takes (bfloat16 from sm_80;
 # the others are tested to be refused, below), and the TMA kernels where this Triton has tensor
-# descriptors (3.4 on; before, FLASHLIB_TRITON_FWD/BWD=tma is tested to fall back to versions 1 and 2).
+# descriptors (3.4 on; before, FLASHLIB_TRITON_FWD/BWD=v4/v5 is tested to fall back to versions 1 and 2,
+# and kernel="v4" to be refused).
 DTYPES = [getattr(torch, n) for n in kernel_dtypes(DEVICE)]
 HALF_DTYPES = [d for d in DTYPES if d != torch.float32]      # what the TMA kernels take
 REFUSED = [d for d in (torch.float16, torch.bfloat16, torch.float32) if d not in DTYPES]
@@ -37,6 +39,19 @@ TMA_OK = versions.has_tensor_descriptors()
 # Where the plain same-dtype baseline is exact (Nq = Nk = 1: dQ is exactly 0), 2x or 3x its error is 0
 # and one rounding in the kernel would fail the rule: allow 1e-5, far under a 16-bit error (~1e-3).
 FLOOR = 1e-5
+
+
+def spy_on_spec(monkeypatch, module, name, keyword, spec):
+    """Wrap ``module.name`` (a launcher the backend calls, e.g. fa2_fwd.forward) so that it records the
+    shape of q at each call whose ``keyword`` argument is ``spec`` (the TMA spec), and runs as before."""
+    calls, real = [], getattr(module, name)
+
+    def spy(*args, **kwargs):
+        if kwargs.get(keyword) is spec:
+            calls.append(tuple(args[0].shape))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(module, name, spy)
+    return calls
 
 
 def check_against_oracle(q, k, v, do, causal, got):
@@ -110,7 +125,7 @@ def test_every_backward_candidate_of_this_gpu_is_right_and_deterministic(kernel)
         kw = {"config_dq" if kernel == "bwd_dq" else "config_dkdv": cfg}
         try:
             g1 = backward(q, k, v, o, lse, do, causal=True, scale=128 ** -0.5, **kw)
-        except Exception as e:                     # too big for this GPU: the launcher would fall back
+        except Exception as e:           # too big for this GPU: KernelSpec.launch would try the next
             if type(e).__name__ == "OutOfResources":
                 continue
             raise
@@ -190,7 +205,7 @@ def test_every_forward_candidate_of_this_gpu_runs_the_tma_forward_right(dtype):
     for cfg in configs.arch_candidates(fa2_fwd_tma.SPEC, arch, 128, 2):
         try:
             o, lse = tma_forward(q, k, v, True, config=cfg)
-        except Exception as e:                     # too big for this GPU: the launcher would fall back
+        except Exception as e:           # too big for this GPU: KernelSpec.launch would try the next
             if type(e).__name__ == "OutOfResources":
                 continue
             raise
@@ -204,19 +219,16 @@ def test_every_forward_candidate_of_this_gpu_runs_the_tma_forward_right(dtype):
 @pytest.mark.parametrize("case", [(2, 8, 2, 1000, 1037, 128, True), (1, 8, 8, 1031, 1031, 128, False)],
                          ids=case_id)
 def test_backward_after_the_tma_forward_is_right_and_bitwise_deterministic(case, dtype, monkeypatch):
-    """flashlib.attention under FLASHLIB_TRITON_FWD=tma: the TMA forward (a spy counts its calls)
-    saves the o and lse version 2's backward reads; gradients right and equal bit for bit."""
+    """flashlib.attention with kernel=("v4", "v2"): the TMA forward (fa2_fwd.forward with
+    fa2_fwd_tma.SPEC; a spy counts its calls) saves the o and lse version 2's backward reads; gradients
+    right and equal bit for bit."""
     *shape, causal = case
     q, k, v, do = make_qkv(*shape, dtype=dtype, seed=15, device=DEVICE)
-    monkeypatch.setenv("FLASHLIB_TRITON_FWD", "tma")
-    monkeypatch.setenv("FLASHLIB_TRITON_BWD", "v2")
-    assert triton_backend.forward_version(q, k, v) == "tma"
-    calls = []
-    real = fa2_fwd_tma.forward
-    monkeypatch.setattr(fa2_fwd_tma, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    first = run_triton(q, k, v, do, causal)
-    again = run_triton(q, k, v, do, causal)
-    assert len(calls) == 2, "FLASHLIB_TRITON_FWD=tma did not run the TMA forward"
+    assert fa2_fwd_tma.supported(q, k, v, do) is None
+    calls = spy_on_spec(monkeypatch, fa2_fwd, "forward", "spec", fa2_fwd_tma.SPEC)
+    first = run_triton(q, k, v, do, causal, kernel=("v4", "v2"))
+    again = run_triton(q, k, v, do, causal, kernel=("v4", "v2"))
+    assert calls == [tuple(q.shape)] * 2, "kernel='v4' did not run the TMA forward"
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
     for name, a, b in zip(("dq", "dk", "dv"), first[2], again[2]):
         assert torch.equal(a, b), f"{name} differs between identical backward calls"
@@ -225,7 +237,8 @@ def test_backward_after_the_tma_forward_is_right_and_bitwise_deterministic(case,
 
 # B·H beyond CUDA's 65,535 on a second grid axis (the TMA forward's grid is flat, like version 1's): 100,000
 # sequences of one head, and B = 1024 x H = 128 with GQA (each program also writes its four descriptors
-# to the launcher's scratch: 512 bytes a program). Every output is checked, a slice of B·H at a time.
+# to Triton's scratch, which KernelSpec.launch supplies: 512 bytes a program). Every output is checked,
+# a slice of B·H at a time.
 @pytest.mark.parametrize("B,H,HKV", [(100_000, 1, 1), (1024, 128, 8)], ids=["B100000", "B1024xH128-gqa"])
 def test_tma_forward_beyond_65535_batch_heads(B, H, HKV):
     n, d = 16, 64
@@ -246,16 +259,14 @@ def test_tma_forward_beyond_65535_batch_heads(B, H, HKV):
 
 # ------------------------------------------------------------------ the TMA dK/dV (tensor descriptors)
 
+TMA_DKDV = ("v1", "v5")      # kernel=: version 1's forward, version 2's backward with the TMA dK/dV
+
+
 @pytest.fixture
 def tma_dkdv(monkeypatch):
-    """flashlib.attention with version 1's forward and the TMA dK/dV in version 2's backward
-    (FLASHLIB_TRITON_BWD=tma); a spy records the shape of q at each fa2_bwd_tma.backward call."""
-    monkeypatch.setenv("FLASHLIB_TRITON_FWD", "v1")
-    monkeypatch.setenv("FLASHLIB_TRITON_BWD", "tma")
-    calls = []
-    real = fa2_bwd_tma.backward
-    monkeypatch.setattr(fa2_bwd_tma, "backward", lambda *a, **kw: calls.append(tuple(a[0].shape)) or real(*a, **kw))
-    return calls
+    """A spy that records the shape of q at each fa2_bwd.backward call with the TMA dK/dV
+    (dkdv_spec=fa2_bwd_tma.DKDV_SPEC): the tests run flashlib.attention with kernel=TMA_DKDV."""
+    return spy_on_spec(monkeypatch, fa2_bwd, "backward", "dkdv_spec", fa2_bwd_tma.DKDV_SPEC)
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda t: str(t)[6:])
@@ -266,9 +277,9 @@ def test_tma_dkdv_gradients_match_the_oracle(case, dtype, tma_dkdv):
     causal rows that see nothing, d from 40 to 256, and the real configs (N ~ 1000, d = 128)."""
     *shape, causal = case
     q, k, v, do = make_qkv(*shape, dtype=dtype, seed=sum(shape) + 2, device=DEVICE)
-    assert triton_backend.backward_version(q, k, v, do) == "tma"
-    got = run_triton(q, k, v, do, causal)
-    assert tma_dkdv == [tuple(q.shape)], "FLASHLIB_TRITON_BWD=tma did not run the TMA dK/dV"
+    assert fa2_fwd_tma.supported(q, k, v, do) is None
+    got = run_triton(q, k, v, do, causal, kernel=TMA_DKDV)
+    assert tma_dkdv == [tuple(q.shape)], "kernel=('v1', 'v5') did not run the TMA dK/dV"
     check_against_oracle(q, k, v, do, causal, got)
 
 
@@ -285,9 +296,9 @@ def test_tma_dkdv_is_bitwise_deterministic_and_right_against_version_2(case, dty
     computes in both, is version 2's bit for bit."""
     *shape, causal = case
     q, k, v, do = make_qkv(*shape, dtype=dtype, seed=17, device=DEVICE)
-    first = run_triton(q, k, v, do, causal)
-    again = run_triton(q, k, v, do, causal)
-    assert len(tma_dkdv) == 2, "FLASHLIB_TRITON_BWD=tma did not run the TMA dK/dV"
+    first = run_triton(q, k, v, do, causal, kernel=TMA_DKDV)
+    again = run_triton(q, k, v, do, causal, kernel=TMA_DKDV)
+    assert len(tma_dkdv) == 2, "kernel=('v1', 'v5') did not run the TMA dK/dV"
     for name, a, b in zip(("dq", "dk", "dv"), first[2], again[2]):
         assert torch.equal(a, b), f"{name} differs between identical backward calls (the TMA dK/dV)"
     check_against_oracle(q, k, v, do, causal, first)
@@ -301,7 +312,7 @@ def test_tma_dkdv_is_bitwise_deterministic_and_right_against_version_2(case, dty
 
 # B·H beyond CUDA's 65,535 programs on a second grid axis: the dK/dV grid is one program per key block
 # of each (batch, kv head), flat like version 2's, so B·Hkv must pass 65,535 (100,000 sequences of one
-# head; B = 1024 x H = Hkv = 128). Each program writes its descriptors to the launcher's scratch. Every
+# head; B = 1024 x H = Hkv = 128). Each program writes its descriptors to Triton's scratch. Every
 # gradient is checked, a slice of the batch at a time against a float64 truth (memory stays small at n = 16).
 @pytest.mark.parametrize("B,H,HKV", [(100_000, 1, 1), (1024, 128, 128)], ids=["B100000", "B1024xH128"])
 def test_tma_dkdv_beyond_65535_batch_heads(B, H, HKV, tma_dkdv):
@@ -312,9 +323,9 @@ def test_tma_dkdv_beyond_65535_batch_heads(B, H, HKV, tma_dkdv):
         o = fn(*leaves)
         return (o.detach(), *torch.autograd.grad(o, leaves, do))
     q, k, v, do = make_qkv(B, H, HKV, n, n, d, torch.float16, seed=18, device=DEVICE)
-    o, lse, grads = run_triton(q, k, v, do, True)
+    o, lse, grads = run_triton(q, k, v, do, True, kernel=TMA_DKDV)
     torch.cuda.synchronize()                   # a launch error surfaces here at the latest
-    assert tma_dkdv == [tuple(q.shape)], "FLASHLIB_TRITON_BWD=tma did not run the TMA dK/dV"
+    assert tma_dkdv == [tuple(q.shape)], "kernel=('v1', 'v5') did not run the TMA dK/dV"
     assert all(torch.isfinite(g).all() for g in grads)
     base = attention_and_grads(lambda *x: plain_torch_attention(*x, causal=True), q, k, v, do)
     step = max(1, 16384 // H)                  # batch entries per float64 slice
@@ -396,11 +407,15 @@ if not TMA_OK:
          test_tma_dkdv_is_bitwise_deterministic_and_right_against_version_2, test_tma_dkdv_beyond_65535_batch_heads)
 
     def test_asking_for_the_tma_kernels_on_a_triton_without_descriptors_runs_versions_1_and_2(monkeypatch):
-        """Triton before 3.4 has no tl.make_tensor_descriptor: FLASHLIB_TRITON_FWD/BWD=tma fall back."""
-        monkeypatch.setenv("FLASHLIB_TRITON_FWD", "tma")
-        monkeypatch.setenv("FLASHLIB_TRITON_BWD", "tma")
+        """Triton before 3.4 has no tl.make_tensor_descriptor: the defaults FLASHLIB_TRITON_FWD=v4 and
+        FLASHLIB_TRITON_BWD=v5 fall back to versions 1 and 2; kernel="v4" named is a ValueError."""
+        monkeypatch.setenv("FLASHLIB_TRITON_FWD", "v4")
+        monkeypatch.setenv("FLASHLIB_TRITON_BWD", "v5")
         q, k, v, do = make_qkv(1, 4, 2, 300, 333, 64, torch.float16, seed=10, device=DEVICE)
         assert triton_backend.forward_version(q, k, v) == "v1"
         assert triton_backend.backward_version(q, k, v, do) == "v2"
         assert fa2_fwd_tma.supported(q, k, v) is not None
         check_against_oracle(q, k, v, do, True, run_triton(q, k, v, do, True))
+        for kernel in ("v4", ("v1", "v5")):
+            with pytest.raises(ValueError, match="cannot run these inputs: triton"):
+                run_triton(q, k, v, do, True, kernel=kernel)

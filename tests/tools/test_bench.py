@@ -148,11 +148,12 @@ VARIABLES = ("FLASHLIB_TRITON_FWD", "FLASHLIB_TRITON_BWD")
 
 
 def _spy_on_kernels(monkeypatch):
-    """Replace version 1's forward launcher (fa2_fwd.forward, which the TMA forward's fa2_fwd_tma.forward
-    calls with its own kernel) and version 2's backward (fa2_bwd.backward, which the TMA dK/dV's
-    fa2_bwd_tma.backward calls with its own dK/dV kernel) by spies that run the real kernels and record
-    ``(kernel, (FLASHLIB_TRITON_FWD, FLASHLIB_TRITON_BWD) at the call)``: kernel "v1" or "tma" for a
-    forward (by the kernel launched), the dK/dV kernel's name for a backward. Returns the record."""
+    """Replace the Triton backend's forward launcher (fa2_fwd.forward, which runs version 1 or, with
+    spec=fa2_fwd_tma.SPEC, the TMA forward, version 4) and its backward (fa2_bwd.backward, which runs
+    version 2 or, with dkdv_spec=fa2_bwd_tma.DKDV_SPEC, version 5's dK/dV) by spies that run the real
+    kernels and record ``(kernel, (FLASHLIB_TRITON_FWD, FLASHLIB_TRITON_BWD) at the call)``: kernel "v1"
+    or "tma" for a forward (by the spec launched), the dK/dV kernel's name for a backward. Returns the
+    record."""
     from flashlib.kernels.triton import fa2_bwd, fa2_fwd, fa2_fwd_tma
     calls = []
 
@@ -208,9 +209,9 @@ def test_the_tma_row_times_the_tma_kernels_and_the_flashlib_row_versions_1_and_2
         assert tma["decode_ms"] is None and tma["decode_gbs"] is None
         assert tma["why"] == {"decode_ms": bench.TMA_NO_DECODE}, tma
         assert (v12["fwd_ms"], v12["bwd_ms"], v12["decode_ms"]) == (3.0, 5.0, 1.0) and v12["why"] == {}, v12
-    # every TMA kernel ran under FLASHLIB_TRITON_FWD=FLASHLIB_TRITON_BWD=tma and every version 1/2 kernel
-    # under v1/v2; per N and row, two forwards (the timed one, the one the backward needs) and a backward
-    assert sorted(calls) == sorted([("tma", ("tma", "tma"))] * 4 + [(TMA_DKDV, ("tma", "tma"))] * 2
+    # every TMA kernel ran under FLASHLIB_TRITON_FWD/BWD=v4/v5 and every version 1/2 kernel under v1/v2;
+    # per N and row, two forwards (the timed one, the one the backward needs) and a backward
+    assert sorted(calls) == sorted([("tma", ("v4", "v5"))] * 4 + [(TMA_DKDV, ("v4", "v5"))] * 2
                                    + [("v1", ("v1", "v2"))] * 4 + [(V2_DKDV, ("v1", "v2"))] * 2), calls
 
 
@@ -220,7 +221,7 @@ def test_the_tma_row_times_the_tma_kernels_and_the_flashlib_row_versions_1_and_2
 ], ids=["float32", "bf16-d12"])
 def test_the_tma_row_records_the_refusal_instead_of_timing_versions_1_and_2(monkeypatch, dtype, head_dim, reason):
     """Where the TMA kernels do not take the tensors, the tma row has no time, with the reason, and
-    versions 1 and 2 (which FLASHLIB_TRITON_FWD/BWD=tma would run instead) never run under its name."""
+    versions 1 and 2 (which FLASHLIB_TRITON_FWD/BWD=v4/v5 would run instead) never run under its name."""
     calls = _spy_on_kernels(monkeypatch)
     res = bench.run([16], batch=1, heads=2, head_dim=head_dim, dtype=dtype, device=DEVICE, cuda=False,
                     timer=lambda fn: (fn(), 1.0)[1], progress=False)
@@ -241,48 +242,50 @@ def test_the_tma_row_records_the_refusal_instead_of_timing_versions_1_and_2(monk
 def test_triton_kernels_sets_both_variables_and_restores_them_also_when_the_body_raises(monkeypatch):
     monkeypatch.delenv("FLASHLIB_TRITON_FWD", raising=False)
     monkeypatch.delenv("FLASHLIB_TRITON_BWD", raising=False)
-    with bench.triton_kernels("tma", "tma"):
-        assert (os.environ["FLASHLIB_TRITON_FWD"], os.environ["FLASHLIB_TRITON_BWD"]) == ("tma", "tma")
+    with bench.triton_kernels("v4", "v5"):
+        assert (os.environ["FLASHLIB_TRITON_FWD"], os.environ["FLASHLIB_TRITON_BWD"]) == ("v4", "v5")
     assert not set(VARIABLES) & set(os.environ)                          # unset before: unset after
-    monkeypatch.setenv("FLASHLIB_TRITON_FWD", "tma")                     # one set, the other unset
+    monkeypatch.setenv("FLASHLIB_TRITON_FWD", "tma")                     # one set (an alias), the other unset
     with bench.triton_kernels("v1", "v2"):
         assert (os.environ["FLASHLIB_TRITON_FWD"], os.environ["FLASHLIB_TRITON_BWD"]) == ("v1", "v2")
     assert os.environ["FLASHLIB_TRITON_FWD"] == "tma" and "FLASHLIB_TRITON_BWD" not in os.environ
     monkeypatch.setenv("FLASHLIB_TRITON_FWD", "v1")
     monkeypatch.setenv("FLASHLIB_TRITON_BWD", "v2")
     with pytest.raises(ZeroDivisionError):
-        with bench.triton_kernels("tma", "tma"):
-            assert (os.environ["FLASHLIB_TRITON_FWD"], os.environ["FLASHLIB_TRITON_BWD"]) == ("tma", "tma")
+        with bench.triton_kernels("v4", "v5"):
+            assert (os.environ["FLASHLIB_TRITON_FWD"], os.environ["FLASHLIB_TRITON_BWD"]) == ("v4", "v5")
             1 / 0
     assert (os.environ["FLASHLIB_TRITON_FWD"], os.environ["FLASHLIB_TRITON_BWD"]) == ("v1", "v2")
     # a version the backend does not have: refused naming the variable, before anything is set
     for forward, backward, message in (
-            ("v2", "tma", r"triton_kernels: FLASHLIB_TRITON_FWD must be one of \('v1', 'tma'\), got 'v2'"),
-            ("tma", "v1", r"triton_kernels: FLASHLIB_TRITON_BWD must be one of \('v2', 'tma'\), got 'v1'")):
+            ("v2", "v5", r"triton_kernels: FLASHLIB_TRITON_FWD must be one of \('v1', 'v4'\), got 'v2'"),
+            ("v4", "v1", r"triton_kernels: FLASHLIB_TRITON_BWD must be one of \('v2', 'v5'\), got 'v1'")):
         with pytest.raises(ValueError, match=message):
             with bench.triton_kernels(forward, backward):
                 pytest.fail("the body ran")
         assert (os.environ["FLASHLIB_TRITON_FWD"], os.environ["FLASHLIB_TRITON_BWD"]) == ("v1", "v2")
 
 
-@pytest.mark.parametrize("broken", ["fa2_fwd_tma.forward", "fa2_bwd_tma.backward"])
+@pytest.mark.parametrize("broken", ["fa2_fwd_tma", "fa2_bwd_dkdv_tma"])
 def test_run_restores_the_variables_when_a_tma_kernel_raises(monkeypatch, broken):
-    """A failure inside the tma row's timed forward or backward propagates (it is not a refusal) and
-    leaves the reader's FLASHLIB_TRITON_FWD and FLASHLIB_TRITON_BWD as they were."""
-    from flashlib.kernels.triton import fa2_bwd_tma, fa2_fwd_tma
+    """A failure inside the tma row's timed forward or backward (the launch of the TMA forward's or the
+    TMA dK/dV's KernelSpec, by its name) propagates (it is not a refusal) and leaves the reader's
+    FLASHLIB_TRITON_FWD and FLASHLIB_TRITON_BWD as they were."""
+    from flashlib.kernels.triton.spec import KernelSpec
     monkeypatch.delenv("FLASHLIB_TRITON_FWD", raising=False)
     monkeypatch.setenv("FLASHLIB_TRITON_BWD", "v2")
     seen = []
 
-    def broken_kernel(*args, **kwargs):
-        seen.append(tuple(os.environ.get(variable) for variable in VARIABLES))
-        raise RuntimeError("a TMA-kernel failure made up by the test")
-    module, name = broken.split(".")
-    monkeypatch.setattr({"fa2_fwd_tma": fa2_fwd_tma, "fa2_bwd_tma": fa2_bwd_tma}[module], name, broken_kernel)
+    def run(self, grid, args, kwargs, _real=KernelSpec._run):
+        if self.name == broken:
+            seen.append(tuple(os.environ.get(variable) for variable in VARIABLES))
+            raise RuntimeError("a TMA-kernel failure made up by the test")
+        return _real(self, grid, args, kwargs)
+    monkeypatch.setattr(KernelSpec, "_run", run)
     with pytest.raises(RuntimeError, match="made up by the test"):
         bench.run([16], batch=1, heads=2, head_dim=16, dtype="float16", device=DEVICE, cuda=False,
                   timer=lambda fn: (fn(), 1.0)[1], progress=False)
-    assert seen == [("tma", "tma")]
+    assert seen == [("v4", "v5")]
     assert "FLASHLIB_TRITON_FWD" not in os.environ and os.environ["FLASHLIB_TRITON_BWD"] == "v2"
 
 

@@ -44,7 +44,7 @@ def test_run_times_one_small_call_of_every_implementation():
     # every timed call ran at the small shape: outputs and gradients (1, 3, 20, 16)
     assert record and all(shape == (1, 3, 20, 16) for _, shape, _ in record)
     # the Triton rows ran their own kernels: versions 1/2 for "flashlib", the TMA kernels for "flashlib-tma"
-    assert [env for _, _, env in record[:4]] == ["v1", "v1", "tma", "tma"]
+    assert [env for _, _, env in record[:4]] == ["v1", "v1", "v4", "v4"]
     assert os.environ.get("FLASHLIB_TRITON_FWD") == before                  # restored after the row
     for impl in bench.SDPA_BACKENDS:            # timed, or refused with torch's reason (cuDNN on a CPU)
         r = rows[impl]

@@ -63,7 +63,7 @@ def test_no_spills_and_tensor_cores_on_ampere_and_hopper(rows, arch):
             assert r["tensor_cores"] and r["mma_instructions"] > 0, r
 
 
-# fp32 runs on its own tile tables (configs.table(arch, 4)): on the fp16 tables ptxas spilled 25-66 KB per
+# fp32 runs on its own tile tables (tables.table(arch, 4)): on the fp16 tables ptxas spilled 25-66 KB per
 # thread on sm_80/sm_90 (e.g. the sm_90 forward at M128-N32-w8-s2, d = 128: 30,608 B; triton 3.9). With
 # them, nothing at d = 128 spills more than a few dozen bytes with triton 3.6 or 3.9 (the version matrix
 # checks d = 256 too). The TMA kernels take 16-bit inputs only, so their fp32 rows never run.
@@ -252,8 +252,8 @@ def test_a_constexpr_the_report_has_no_value_for_is_named(monkeypatch):
     def kernel(X, N, NEW: tl.constexpr):
         tl.store(X + tl.arange(0, NEW), N)
 
-    new = tspec.KernelSpec("new_kernel", kernel, pointers=dict(X="in"), strides=(), scalars=dict(N="i32"),
-                           constexprs=("NEW",), grid=lambda a: (1,), fixed=configs.Config(16, 0), uses_dot=False)
+    new = tspec.KernelSpec("new_kernel", kernel, grid=lambda a: (1,), fixed=configs.Config(16, 0),
+                           uses_dot=False)                  # NEW: a constexpr with no default
     monkeypatch.setattr(fi, "triton_specs", lambda: (new,))
     with pytest.raises(ValueError, match=r"no value for new_kernel's constexprs \['NEW'\]"):
         fi._triton_jobs("sm_80")

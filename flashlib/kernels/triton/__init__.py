@@ -1,20 +1,33 @@
 """flashlib's Triton kernels: FlashAttention-2 forward and backward, Flash-Decoding.
 
-One file per kernel, each opening with what changed from the version before it:
+One file per kernel, each opening with what changed from the version before it. The kernels are
+numbered versions (one table per role in :mod:`flashlib.backends.triton`; ``flashlib.attention(...,
+backend="triton", kernel="v4")`` or ``kernel=("v4", "v5")`` names them, ``FLASHLIB_TRITON_FWD`` and
+``FLASHLIB_TRITON_BWD`` set the defaults):
 
-* :mod:`flashlib.kernels.triton.fa2_fwd` — FA2 forward (one program per query block and batch·head);
-* :mod:`flashlib.kernels.triton.fa2_fwd_tma` — FA2 forward through tensor descriptors
-  (TMA on sm_90), opt-in with ``FLASHLIB_TRITON_FWD=tma``;
-* :mod:`flashlib.kernels.triton.fa2_bwd` — FA2 backward (D preprocess, dK/dV per key block, dQ per query block);
-* :mod:`flashlib.kernels.triton.fa2_bwd_tma` — its dK/dV kernel through tensor descriptors (TMA on sm_90),
-  opt-in with ``FLASHLIB_TRITON_BWD=tma``;
-* :mod:`flashlib.kernels.triton.decode` — Flash-Decoding (split-KV partial attention, then an LSE combine);
-* :mod:`flashlib.kernels.triton.configs` — block sizes per architecture, pruned by its shared-memory limit;
+* version 1, :mod:`flashlib.kernels.triton.fa2_fwd` — FA2 forward (one program per query block and
+  batch·head), the default forward;
+* version 2, :mod:`flashlib.kernels.triton.fa2_bwd` — FA2 backward (D preprocess, dK/dV per key block,
+  dQ per query block), the default backward;
+* version 3, :mod:`flashlib.kernels.triton.decode` — Flash-Decoding (split-KV partial attention, then an
+  LSE combine);
+* version 4, :mod:`flashlib.kernels.triton.fa2_fwd_tma` — version 1 through tensor descriptors (TMA on
+  sm_90), launched by version 1's ``fa2_fwd.forward`` with its own spec; opt-in (``kernel="v4"``,
+  or ``FLASHLIB_TRITON_FWD=v4``);
+* version 5, :mod:`flashlib.kernels.triton.fa2_bwd_tma` — version 2 with its dK/dV kernel through tensor
+  descriptors; opt-in (``kernel=(None, "v5")``, or ``FLASHLIB_TRITON_BWD=v5``);
+
+and what they share:
+
 * :mod:`flashlib.kernels.triton.kit` — the @triton.jit helpers the kernels share (grid decode, key and
   query ranges, tile loads, the online-softmax step and its inner loop, the masks) and named constants;
-* :mod:`flashlib.kernels.triton.spec` — :class:`~flashlib.kernels.triton.spec.KernelSpec`, each kernel's
-  arguments, constexprs, grid and shared-memory estimate written once beside it, read by its launcher,
-  by ``configs`` and by the compile report.
+* :mod:`flashlib.kernels.triton.spec` — :class:`~flashlib.kernels.triton.spec.KernelSpec`, each kernel
+  described once beside it from its own signature (arguments, grid, config table, shared-memory
+  estimate) and launched one way (``SPEC.launch(config, **args)``: the candidates, the fall-back on
+  OutOfResources, the descriptors' scratch); the compile report compiles every kernel from it;
+* :mod:`flashlib.kernels.triton.configs` — how a kernel's config is chosen per architecture (the
+  candidates beside each spec, pruned by the shared-memory limit; the hazard rule);
+* :mod:`flashlib.kernels.triton.tables` — every kernel's candidates laid out by architecture (a view).
 
 Grids. Every kernel launches a one-dimensional grid (:func:`flat_grid`): CUDA allows 2^31 - 1
 programs on axis 0 but only 65,535 on axes 1 and 2, so a (blocks, batch·heads) grid failed at

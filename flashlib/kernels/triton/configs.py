@@ -1,26 +1,31 @@
-# configs.py — block sizes, warps and pipeline stages for every Triton kernel, per architecture.
-# Changed from "one config for all" (Triton's tutorial): a short ordered list of candidates per kernel,
-#   from the largest tile down; the first whose shared-memory estimate fits the architecture's
-#   per-block limit (flashlib.hardware.ARCH_SMEM_LIMIT: T4 64 KB, sm_86/89 99 KB, A100 163 KB,
-#   H100 227 KB) is used. On sm_75 Triton's tl.dot runs on CUDA cores (FFMA) with a large stack, so
-#   sm_75 gets its own, smaller tiles. fp32 tiles (fp32 inputs, or fp16 loaded as fp32 on a T4 with
-#   triton 3.3: upcast_tiles, the one place that decides the kernels' UPCAST) get their own tables,
-#   chosen by elem_bytes == 4: on the fp16 ones ptxas spilled 25-66 KB per thread on sm_80/sm_90 and
-#   the T4 ran out of shared memory at d = 256. In the interpreter, small blocks so that short test
-#   sequences still cross several blocks (the masks are what tests must reach).
+# configs.py — how each Triton kernel's block sizes, warps and pipeline stages are chosen, per
+#   architecture.
+# Changed from "one config for all" (Triton's tutorial): each kernel keeps a short ordered list of
+#   candidates per architecture beside its spec, from the largest tile down (a Tables:
+#   fa2_fwd.CONFIGS, fa2_bwd.DKDV_CONFIGS and DQ_CONFIGS, decode.SPLIT_CONFIGS;
+#   flashlib.kernels.triton.tables lays them out by architecture). The first whose shared-memory
+#   estimate fits the architecture's per-block limit (flashlib.hardware.ARCH_SMEM_LIMIT: T4 64 KB,
+#   sm_86/89 99 KB, A100 163 KB, H100 227 KB) is used, and KernelSpec.launch takes the next while
+#   Triton raises OutOfResources. On sm_75 Triton's tl.dot runs on CUDA cores (FFMA) with a large
+#   stack, so sm_75 gets its own, smaller tiles. fp32 tiles (fp32 inputs, or fp16 loaded as fp32 on
+#   a T4 with triton 3.3: upcast_tiles, the one place that decides the kernels' UPCAST) get their
+#   own candidates, chosen by elem_bytes == 4: on the fp16 ones ptxas spilled 25-66 KB per thread on
+#   sm_80/sm_90 and the T4 ran out of shared memory at d = 256. In the interpreter, small blocks so
+#   that short test sequences still cross several blocks (the masks are what tests must reach).
 # Idea: FlashAttention-2's per-GPU tile choices; pruning by shared memory as Triton's autotuner
-#   `prune_configs_by` hook does (we choose by rule, not by timing: no GPU to time on here).
-# Limits: the estimate is the tiles' bytes (Q, and K/V times the pipeline depth), written beside each
-#   kernel in its KernelSpec (flashlib.kernels.triton.spec): the functions that choose a config take
-#   that spec (its `config` names the table, its `smem` estimates the tiles); the compile report
-#   (flashlib.tools.compile_report.compile_report) measures the real figure and the tests check it fits.
-# Correctness before speed: :func:`hazard` refuses the class of configs a real H100 showed wrong
-#   (below), in every table. The sm_90 fp16 backward pair was shown right and deterministic on an H100;
-#   the other tables, the fp32 ones included, were chosen from cross-compiles (no spills, shared memory
-#   that fits) and have not run on those GPUs yet (the GPU tier forces each fp16 backward candidate of
-#   the GPU it runs on; fp32 tiles run there only as each kernel's first choice).
-# Run: pick_config(fa2_fwd.SPEC, q.device, block_d=128, elem_bytes=2); upcast_tiles("float16", "sm_75",
-#   "3.3.1") -> True.
+#   `prune_configs_by` hook does (we choose by rule, not by timing).
+# Limits: the estimate is the tiles' bytes (Q, and K/V times the pipeline depth), the spec's `smem`
+#   (flashlib.kernels.triton.spec): the functions that choose a config take that spec (its `config`
+#   names the kernel, its `tables` holds the candidates); the compile report
+#   (flashlib.tools.compile_report) measures the real figure and the tests check it fits.
+#   Correctness before speed: hazard refuses the class of configs a real H100 showed wrong (the
+#   rule, below) in every table, and safe runs a caller's config of that class un-pipelined. Only
+#   the sm_90 fp16 backward pair has run on a GPU (right and deterministic on an H100); the other
+#   candidates, the fp32 ones included, come from cross-compiles (no spills, shared memory that
+#   fits). The GPU tier forces each fp16 backward candidate of the GPU it runs on; fp32 tiles run
+#   there only as each kernel's first choice.
+# Run: pick_config(fa2_fwd.SPEC, q.device, block_d=128, elem_bytes=2); upcast_tiles("float16",
+#   "sm_75", "3.3.1") -> True.
 """Per-architecture kernel configurations.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
@@ -30,10 +35,9 @@ from ... import hardware as _hardware
 from ...hardware import ARCH_SMEM_LIMIT, cuda_device, device_facts
 from . import versions
 
-__all__ = ["Config", "KERNELS", "CANDIDATES", "SM75", "SM90", "INTERPRETER", "hazard", "safe", "arch_config",
+__all__ = ["Config", "Tables", "KERNELS", "hazard", "safe", "arch_config",
            "arch_candidates", "pick_config", "candidates", "device_arch",
-           "check_dtype_arch", "upcast_tiles", "tile_plan", "refusal", "FP32", "SM90_FP32", "SM75_FP32",
-           "table"]
+           "check_dtype_arch", "upcast_tiles", "tile_plan", "refusal"]
 
 # On sm_75 Triton stages both operands of its FFMA dot through shared memory: the compile report
 # measured 1.2-1.9x the tile bytes of a KernelSpec's smem estimate there for fp16 tiles (at or below it
@@ -73,55 +77,36 @@ KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "decode")
 # other tables come from cross-compiles, and the GPU tier checks them on their own GPUs.
 # The investigation: notebooks/appendix_verification.
 
-# CANDIDATES (sm_80-sm_89): the H100's forward, dQ and decode lists and cross-compiled dK/dV tiles; not
-# run on those GPUs. Candidates from the largest tile down. For bwd_dkdv, block_n is the key block a
-# program owns and block_m the query step; for bwd_dq the reverse, as in the forward. For decode,
-# block_m caps the stacked query rows (GQA group x Nq) a program takes (the names: book/notation).
-CANDIDATES: dict[str, list[Config]] = {
-    "fwd": [Config(128, 64, 8, 3), Config(128, 32, 8, 2), Config(64, 64, 4, 2), Config(64, 32, 4, 2),
-            Config(32, 32, 4, 1)],
-    # dK/dV holds two fp32 (block_n x d) accumulators: at d = 128 only 32 x 32 tiles compile without
-    # spilling on sm_80 (triton 3.9: M64-N32-w4-s2 spills 284 bytes, M64-N64-w4-s2 1216).
-    "bwd_dkdv": [Config(32, 32, 4, 2), Config(16, 32, 4, 1)],
-    "bwd_dq": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(64, 16, 4, 2), Config(32, 16, 4, 1)],
-    "decode": [Config(64, 64, 4, 2), Config(32, 32, 4, 1)],
-}
-# sm_90 (H100): the backward pair measured fastest among those right, 379 TFLOP/s (B4 H16 N8192 d128
-# fp16, triton 3.6, 2026-11-23); the sweep: notebooks/appendix_verification.
-SM90: dict[str, list[Config]] = {
-    **CANDIDATES,
-    "bwd_dkdv": [Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 2), Config(16, 32, 4, 1)],
-}
-# sm_75 (FFMA for tl.dot): small tiles and 8 warps keep the fp32 partial products in registers
-# (compile report, d = 128: no spills; 64 x 32 tiles spilled ~15 KB per thread).
-SM75: dict[str, list[Config]] = {
-    "fwd": [Config(32, 16, 8, 1)],
-    "bwd_dkdv": [Config(16, 32, 4, 1), Config(16, 16, 4, 1)],
-    "bwd_dq": [Config(16, 16, 8, 1)],
-    "decode": [Config(16, 32, 4, 1)],
-}
-# fp32 tiles (fp32 inputs; fp16 loaded as fp32 where upcast_tiles says so), chosen by elem_bytes == 4:
-# tl.dot runs on CUDA cores, so small tiles that do not spill (cross-compiled for sm_80 and sm_90,
-# triton 3.9.0, 2026-11-26; the measured registers, spills and shared memory:
-# notebooks/appendix_verification).
-FP32: dict[str, list[Config]] = {
-    "fwd": [Config(32, 16, 8, 1)],
-    "bwd_dkdv": [Config(16, 32, 8, 1), Config(16, 16, 4, 1)],
-    "bwd_dq": [Config(32, 16, 8, 1), Config(16, 16, 8, 1)],
-    "decode": [Config(16, 32, 8, 2), Config(16, 16, 4, 1)],
-}
-SM90_FP32 = FP32                        # measured on both (above): the same choices
-# sm_75, fp32 tiles (fp32 inputs, and fp16 under triton 3.3.x), the same measurement; at d = 256 the
-# last dK/dV candidate is the one that fits a T4's 64 KB (notebooks/appendix_verification).
-SM75_FP32: dict[str, list[Config]] = {
-    "fwd": [Config(32, 16, 8, 1)],
-    "bwd_dkdv": [Config(16, 32, 4, 1), Config(16, 16, 4, 1), Config(16, 16, 2, 1)],
-    "bwd_dq": [Config(16, 16, 8, 1)],
-    "decode": [Config(16, 32, 4, 1), Config(16, 16, 4, 1)],
-}
-INTERPRETER: dict[str, Config] = {
-    "fwd": Config(32, 16), "bwd_dkdv": Config(16, 32), "bwd_dq": Config(32, 16), "decode": Config(64, 16),
-}
+@dataclass(frozen=True)
+class Tables:
+    """One kernel's config candidates, largest tile first, written beside its KernelSpec (e.g.
+    ``fa2_fwd.CONFIGS``). ``sm80``: sm_80-sm_89 with 2-byte (fp16/bf16) tiles; ``sm90``: sm_90 (None:
+    sm80's); ``sm75``: the T4, where tl.dot runs on CUDA cores (FFMA): small tiles and 8 warps keep the
+    fp32 partial products in registers. ``fp32`` (sm_80+), ``sm90_fp32`` (None: fp32's) and
+    ``sm75_fp32``: tiles loaded as fp32 (fp32 inputs, or fp16 where :func:`upcast_tiles` says so), on
+    CUDA cores, so small tiles that do not spill. ``interpreter``: the one config on a CPU, small so
+    that short test sequences still cross several blocks. How they were chosen: this file's header
+    and notebooks/appendix_verification.
+
+    Explained in: notebooks/07_triton.
+    Tested in: tests/kernels/triton/test_triton_configs.py.
+    """
+    sm80: tuple
+    sm75: tuple
+    fp32: tuple
+    sm75_fp32: tuple
+    interpreter: Config
+    sm90: tuple | None = None
+    sm90_fp32: tuple | None = None
+
+    def for_arch(self, arch: str, elem_bytes: int) -> tuple:
+        """The candidates for ``arch`` (e.g. "sm_75") and tiles of ``elem_bytes`` (2 or 4) bytes."""
+        if elem_bytes not in (2, 4):
+            raise ValueError(f"elem_bytes must be 2 (fp16/bf16 tiles) or 4 (fp32 tiles), got {elem_bytes!r}")
+        cc = _cc(arch)
+        if elem_bytes == 4:
+            return self.sm75_fp32 if cc < 80 else (self.sm90_fp32 or self.fp32) if cc >= 90 else self.fp32
+        return self.sm75 if cc < 80 else (self.sm90 or self.sm80) if cc >= 90 else self.sm80
 
 
 def hazard(kernel: str, cfg: Config) -> str | None:
@@ -160,7 +145,7 @@ def safe(kernel: str, cfg: Config) -> Config:
 
 def _table_spec(kernel):
     """``kernel`` checked: the KernelSpec of a kernel that has a config table (e.g. fa2_fwd.SPEC)."""
-    if getattr(kernel, "config", None) not in KERNELS or not hasattr(kernel, "smem"):
+    if getattr(kernel, "config", None) not in KERNELS or getattr(kernel, "tables", None) is None:
         got = (f"the spec of {kernel.name}, which has a fixed config" if hasattr(kernel, "fixed")
                else f"{type(kernel).__name__} {kernel!r}")
         raise TypeError(f"kernel must be the KernelSpec of a kernel with a config table {KERNELS} "
@@ -191,27 +176,12 @@ def arch_candidates(kernel, arch: str, block_d: int, elem_bytes: int, *,
     Tested in: tests/kernels/triton/test_triton_configs.py.
     """
     spec = _table_spec(kernel)
-    kernel, cc = spec.config, _cc(arch)
-    candidates = table(arch, elem_bytes)[kernel]
+    cc = _cc(arch)
+    candidates = spec.tables.for_arch(arch, elem_bytes)
     factor = SM75_SMEM_FACTOR if cc < 80 and elem_bytes < 4 else 1
     limit = _limit_bytes(arch) if limit is None else limit
     fits = [c for c in candidates if factor * spec.smem(c, block_d, elem_bytes) <= limit]
     return fits or [candidates[-1]]
-
-
-def table(arch: str, elem_bytes: int) -> dict[str, list[Config]]:
-    """The candidates table for ``arch`` (e.g. "sm_75") and tiles of ``elem_bytes`` bytes per element:
-    SM75/CANDIDATES/SM90 for 2-byte tiles, SM75_FP32/FP32/SM90_FP32 for 4-byte (fp32) tiles.
-
-    Explained in: notebooks/07_triton.
-    Tested in: tests/kernels/triton/test_triton_configs.py.
-    """
-    if elem_bytes not in (2, 4):
-        raise ValueError(f"elem_bytes must be 2 (fp16/bf16 tiles) or 4 (fp32 tiles), got {elem_bytes!r}")
-    cc = _cc(arch)
-    if elem_bytes == 4:
-        return SM75_FP32 if cc < 80 else SM90_FP32 if cc >= 90 else FP32
-    return SM75 if cc < 80 else SM90 if cc >= 90 else CANDIDATES
 
 
 def arch_config(kernel, arch: str, block_d: int, elem_bytes: int, *, limit: int | None = None) -> Config:
@@ -244,7 +214,7 @@ def _device_candidates(kernel, device, block_d: int, elem_bytes: int) -> tuple[C
     found = kernel._candidates.get(key)
     if found is None:
         if device.type != "cuda" and stand_in is None:
-            found = (INTERPRETER[_table_spec(kernel).config],)
+            found = (_table_spec(kernel).tables.interpreter,)
         else:
             facts = stand_in or cuda_device(device)     # the device's own shared-memory figure if known
             found = tuple(arch_candidates(kernel, facts.arch, block_d, elem_bytes, limit=facts.smem_optin))

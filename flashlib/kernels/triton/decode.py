@@ -1,42 +1,44 @@
 # decode.py — Flash-Decoding in Triton, version 3 of the Triton kernels.
-# Changed from the forward (fa2_fwd.py): for decoding, Nq is tiny and the forward's grid
-#   (query blocks x batch·heads) leaves most SMs idle. Here the grid adds a split: program
-#   (b·hk, r, s) attends the query rows r to the s-th contiguous chunk of sequence b's *valid* cache
+# Changed from the forward (fa2_fwd.py): for decoding, Nq is tiny and the forward's grid (query
+#   blocks x batch·heads) leaves most SMs idle. Here the grid adds a split: program (b·hk, r, s)
+#   attends the query rows r to the s-th contiguous chunk of sequence b's *valid* cache
 #   (cache_seqlens[b] keys, ragged across the batch) and writes a normalized partial output O_s and
 #   its log-sum-exp LSE_s; a second kernel merges the splits by LSE (the online-softmax merge).
-#   Both grids are flat (flashlib.kernels.triton.flat_grid): the split kernel decodes (b·hk, r, s) from
-#   tl.program_id(0), s fastest, so the programs of one kv head are neighbours; the combine kernel
-#   has one program per query row. Neither is bound by CUDA's 65,535 on a second grid axis.
+#   Both grids are flat (flashlib.kernels.triton.flat_grid): the split kernel decodes (b·hk, r, s)
+#   from tl.program_id(0), s fastest, so the programs of one kv head are neighbours; the combine
+#   kernel has one program per query row. Neither is bound by CUDA's 65,535 on a second grid axis.
 #   With one split there is nothing to merge: the split kernel writes o and lse themselves and the
 #   combine is not launched. Without cache_seqlens (None) Triton compiles the kernel with SEQLENS a
 #   constexpr None, and every sequence uses all Nmax keys: no lengths tensor to allocate and fill.
-#   GQA: the query rows of a program are all (query head of the group, query position) pairs that read
-#   kv head hk, stacked — each K/V tile is loaded once for the whole group, and never copied.
-#   Every query sees every valid key (decoding appends the new tokens to the cache first); a sequence
-#   with cache_seqlens[b] = 0 sees nothing: o = 0, lse = -inf, like a fully masked row.
-#   The split kernel is the forward's inner loop (kit.attend, every block in its MASKED stage: a split
-#   ends anywhere) and its end (kit.finish); both kernels decode their flat grid with kit.unflatten and
-#   are described once by their KernelSpec (flashlib.kernels.triton.spec).
-#   NaN (kit's rule): keys at or past a split's end (past cache_seqlens included) are loaded as 0, never
-#   as what the cache holds there, so a NaN past a sequence's length changes nothing; a NaN the split
-#   sees gives it O_s and LSE_s NaN (kit.finish), and the combine now keeps it: "every split empty" is
-#   l == 0 there too (it was l > 0, which dropped a NaN row's LSE to -inf).
+#   GQA: the query rows of a program are all (query head of the group, query position) pairs that
+#   read kv head hk, stacked — each K/V tile is loaded once for the whole group, and never copied.
+#   Every query sees every valid key (decoding appends the new tokens to the cache first); a
+#   sequence with cache_seqlens[b] = 0 sees nothing: o = 0, lse = -inf, like a fully masked row.
+#   The split kernel is the forward's inner loop (kit.attend, every block in its MASKED stage: a
+#   split ends anywhere) and its end (kit.finish); both kernels decode their flat grid with
+#   kit.unflatten, and each has its KernelSpec (flashlib.kernels.triton.spec), read from its
+#   signature, beside it.
+#   NaN (kit's rule): keys at or past a split's end (past cache_seqlens included) are loaded as 0,
+#   never as what the cache holds there, so a NaN past a sequence's length changes nothing; a NaN
+#   the split sees gives it O_s and LSE_s NaN (kit.finish), and the combine keeps it ("every split
+#   empty" is l == 0 there too).
 # Idea: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding); the ladder is flashlib.ladder.decoding.
 # Limits: head dim <= 256; fp16, bf16, fp32; bf16 needs sm_80+; not differentiable (inference). Any
-#   B·H; 64-bit offsets (kit's "Offsets"): the caches, q and the partials (num_splits·B·H·Nq·d) may hold
-#   2^31 elements or more; one kv head's query rows (group·Nq) < 2^31.
-# Run: flashlib.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="triton").
+#   B·H; 64-bit offsets (kit's "Offsets"): the caches, q and the partials (num_splits·B·H·Nq·d) may
+#   hold 2^31 elements or more; one kv head's query rows (group·Nq) < 2^31.
+# Run: flashlib.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="triton") (kernel="v3", the
+#   only version).
 """Flash-Decoding split-KV and combine kernels and their launcher.  Explained in: notebooks/07b_backward_decoding."""
 from __future__ import annotations
 
 import torch
 
 from . import flat_grid, kit, triton, tl
-from .configs import Config
+from .configs import Config, Tables
 from .fa2_fwd import smem_estimate
 from .spec import KernelSpec
 
-__all__ = ["decode", "grid_split", "grid_combine", "split_block_m", "SPLIT_SPEC", "COMBINE_SPEC"]
+__all__ = ["decode", "grid_split", "grid_combine", "split_block_m", "SPLIT_SPEC", "COMBINE_SPEC", "SPLIT_CONFIGS"]
 
 
 @triton.jit
@@ -179,10 +181,18 @@ def grid_combine(B: int, H: int, NQ: int) -> tuple[int]:
 # The spec describes the general case (the compile report compiles it): lengths given, fp32 partials.
 # decode() may also pass SEQLENS=None (a constexpr: no lengths) and, with one split, OP = o itself.
 # A program stacks a kv head's GROUP x NQ query rows: its config's block_m is only a cap (split_block_m).
+# The candidates per architecture (configs.Tables; how they were chosen: configs' header). block_m caps
+# the stacked query rows (GQA group x Nq) a program takes; block_n is the key step.
+SPLIT_CONFIGS = Tables(
+    sm80=(Config(64, 64, 4, 2), Config(32, 32, 4, 1)),
+    sm75=(Config(16, 32, 4, 1),),
+    fp32=(Config(16, 32, 8, 2), Config(16, 16, 4, 1)),
+    sm75_fp32=(Config(16, 32, 4, 1), Config(16, 16, 4, 1)),
+    interpreter=Config(64, 16))
 SPLIT_SPEC = KernelSpec(
     "decode_split", _split_kernel, types=dict(SEQLENS="i32", OP="fp32", LP="fp32", qk_scale="fp32"),
     grid=lambda a: grid_split(a["B"], a["HKV"], a["GROUP"], a["NQ"], a["BLOCK_M"], a["OP"].shape[0]),
-    config="decode", smem=smem_estimate,     # Q resident, K and V streamed: the forward's tiles
+    config="decode", tables=SPLIT_CONFIGS, smem=smem_estimate,     # Q resident, K and V streamed: the forward's tiles
     blocks=lambda cfg, a: dict(BLOCK_M=split_block_m(cfg.block_m, a["GROUP"], a["NQ"]),
                                BLOCK_N=cfg.block_n))
 COMBINE_SPEC = KernelSpec(

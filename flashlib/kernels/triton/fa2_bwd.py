@@ -1,26 +1,31 @@
-# fa2_bwd.py — FlashAttention-2 backward in Triton, version 2 of the Triton kernels.
-# Changed from the NumPy ladder (flashlib.ladder.fa2.backward): three kernels instead of one loop nest.
+# fa2_bwd.py — FlashAttention-2 backward in Triton, version 2 of the Triton kernels (the default).
+# Changed from the NumPy ladder (flashlib.ladder.fa2.backward): three kernels instead of one loop
+#   nest.
 #   (1) _bwd_preprocess: D = rowsum(dO * O) per query row (Algorithm 2, line 4).
-#   (2) _bwd_dkdv: one program per (key block, batch, kv head) holds dK_j, dV_j on chip and loops over
-#       the query blocks that can see key block j (and, for GQA, over every query head of the group),
-#       recomputing P from the saved LSE (lines 5-18 without line 15).
+#   (2) _bwd_dkdv: one program per (key block, batch, kv head) holds dK_j, dV_j on chip and loops
+#       over the query blocks that can see key block j (and, for GQA, over every query head of the
+#       group), recomputing P from the saved LSE (lines 5-18 without line 15).
 #   (3) _bwd_dq: one program per (query block, batch, head) holds dQ_i on chip and loops over key
 #       blocks, like the forward (line 15, with the loops swapped).
 #   The ladder's line 15 adds into dQ from every key block (atomic adds on a GPU: order-dependent,
 #   not bitwise reproducible). Splitting dQ into its own kernel recomputes P once more but makes the
 #   backward deterministic: every output element is written by exactly one program, no atomics.
-#   Causal: query blocks that cannot see a key block are skipped, only the diagonal blocks are masked,
-#   with the forward's ranges and masks (flashlib.kernels.triton.kit: key_range, query_range, mask_*);
-#   each loop stays one loop that tests its block (kit says why); rows that see no key (lse = -inf,
-#   kit.load_lse2) get P = 0, so their gradients are 0, not NaN.
+#   Causal: query blocks that cannot see a key block are skipped, only the diagonal blocks are
+#   masked, with the forward's ranges and masks (flashlib.kernels.triton.kit: key_range,
+#   query_range, mask_*); each loop stays one loop that tests its block (kit says why); rows that
+#   see no key (lse = -inf, kit.load_lse2) get P = 0, so their gradients are 0, not NaN.
 #   Every grid is flat, as the forward's (flashlib.kernels.triton.flat_grid): program p is block
 #   p % n_blocks of (batch, head) — of (batch, kv head) for dK/dV — p // n_blocks (kit.unflatten).
-#   Each kernel is described once by its KernelSpec (flashlib.kernels.triton.spec).
-# Idea: Dao 2023 (FlashAttention-2), Algorithm 2; the dK/dV + dQ split as in Triton's fused-attention
-#   tutorial and flash-attn's deterministic mode (our own code; plain pointers, no block pointers).
-# Limits: as the forward (head dim <= 256, fp16/bf16/fp32, bf16 needs sm_80+, any B·H, 64-bit offsets:
-#   a tensor may hold 2^31 elements or more).
-# Run: flashlib.attention(q, k, v, backend="triton").backward(do); interpreted on a CPU.
+#   Each kernel's KernelSpec (flashlib.kernels.triton.spec), read from its signature, and its config
+#   table sit beside it; backward launches the dK/dV spec it is given (dkdv_spec): version 5
+#   (fa2_bwd_tma.py) is this backward with its own dK/dV kernel.
+# Idea: Dao 2023 (FlashAttention-2), Algorithm 2; the dK/dV + dQ split as in Triton's
+#   fused-attention tutorial and flash-attn's deterministic mode (our own code; plain pointers, no
+#   block pointers).
+# Limits: as the forward (head dim <= 256, fp16/bf16/fp32, bf16 needs sm_80+, any B·H, 64-bit
+#   offsets: a tensor may hold 2^31 elements or more). The dK/dV configs obey configs.hazard's rule.
+# Run: o = flashlib.attention(q, k, v, backend="triton"); o.backward(do) (kernel=(None, "v2"), the
+#   default); interpreted on a CPU.
 """FlashAttention-2 backward kernels and their launcher.  Explained in: notebooks/07b_backward_decoding."""
 from __future__ import annotations
 
@@ -28,12 +33,12 @@ import torch
 
 from ...hardware import device_facts
 from . import kit, triton, tl
-from .configs import Config, refusal
+from .configs import Config, Tables, refusal
 from .fa2_fwd import grid as fwd_grid
 from .spec import KernelSpec, staged_bytes
 
 __all__ = ["backward", "grid_preprocess", "grid_dkdv", "grid_dq", "PREPROCESS_BLOCK_M",
-           "PREPROCESS_SPEC", "DKDV_SPEC", "DQ_SPEC"]
+           "PREPROCESS_SPEC", "DKDV_SPEC", "DQ_SPEC", "DKDV_CONFIGS", "DQ_CONFIGS"]
 
 PREPROCESS_BLOCK_M = 64     # query rows per program of the D preprocess (an elementwise reduction)
 
@@ -242,14 +247,34 @@ PREPROCESS_SPEC = KernelSpec(
     "fa2_bwd_preprocess", _bwd_preprocess, types=dict(DELTA="fp32"),
     grid=lambda a: grid_preprocess(a["O"].shape[0], a["H"], a["NQ"]),
     fixed=Config(PREPROCESS_BLOCK_M, 0, num_warps=4, num_stages=1), uses_dot=False)
+# The candidates per architecture (configs.Tables; how they were chosen: configs' header). block_n is
+# the key block a program owns, block_m the query step. dK/dV holds two fp32 (block_n x d) accumulators:
+# at d = 128 only 32 x 32 tiles compile without spilling on sm_80 (triton 3.9: M64-N32-w4-s2 spills
+# 284 bytes, M64-N64-w4-s2 1216). sm_90: the pair measured fastest among those right on an H100,
+# 379 TFLOP/s (B4 H16 N8192 d128 fp16, triton 3.6, 2026-11-23; the sweep: notebooks/
+# appendix_verification). At d = 256 the last sm75_fp32 candidate is the one that fits a T4's 64 KB.
+DKDV_CONFIGS = Tables(
+    sm80=(Config(32, 32, 4, 2), Config(16, 32, 4, 1)),
+    sm90=(Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 2), Config(16, 32, 4, 1)),
+    sm75=(Config(16, 32, 4, 1), Config(16, 16, 4, 1)),
+    fp32=(Config(16, 32, 8, 1), Config(16, 16, 4, 1)),
+    sm75_fp32=(Config(16, 32, 4, 1), Config(16, 16, 4, 1), Config(16, 16, 2, 1)),
+    interpreter=Config(16, 32))
+# dQ: block_m query rows a program owns, block_n the key step, as in the forward.
+DQ_CONFIGS = Tables(
+    sm80=(Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(64, 16, 4, 2), Config(32, 16, 4, 1)),
+    sm75=(Config(16, 16, 8, 1),),
+    fp32=(Config(32, 16, 8, 1), Config(16, 16, 8, 1)),
+    sm75_fp32=(Config(16, 16, 8, 1),),
+    interpreter=Config(32, 16))
 DKDV_SPEC = KernelSpec(
     "fa2_bwd_dkdv", _bwd_dkdv, types=dict(LSE="fp32", DELTA="fp32", qk_scale="fp32", scale="fp32"),
     grid=lambda a: grid_dkdv(a["Q"].shape[0], a["HKV"], a["NK"], a["BLOCK_N"]),
-    config="bwd_dkdv", smem=smem_dkdv)
+    config="bwd_dkdv", tables=DKDV_CONFIGS, smem=smem_dkdv)
 DQ_SPEC = KernelSpec(
     "fa2_bwd_dq", _bwd_dq, types=dict(LSE="fp32", DELTA="fp32", qk_scale="fp32", scale="fp32"),
     grid=lambda a: grid_dq(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
-    config="bwd_dq", smem=smem_dq)
+    config="bwd_dq", tables=DQ_CONFIGS, smem=smem_dq)
 
 
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: bool = False,

@@ -1,26 +1,29 @@
 # fa2_bwd_tma.py — the FlashAttention-2 backward's dK/dV kernel through tensor descriptors (TMA on
-#   Hopper), version 5 of the Triton kernels ("the TMA dK/dV"). Version 2 (fa2_bwd.py) stays the default and
-#   compiles unchanged (its loop body moved into kit.dkdv_step, which both kernels call); the D
-#   preprocess and the dQ kernel are version 2's, launched by its backward.
-# Changed from version 2's _bwd_dkdv: K_j and V_j, every Q_i and dO_i tile, and the stores of dK_j and
-#   dV_j go through 2-D descriptors of their (batch, head), as in the TMA forward (fa2_fwd_tma.py,
-#   version 4): no address arithmetic and no load masks in the warps; rows past N and columns past d
-#   read as 0, and the stores drop them. The loops and the GQA sum over a group's query heads are
-#   version 2's, and the step of the inner loop (recomputing P, the masks, dV, dP, dS, dK) is its very
-#   function, kit.dkdv_step.
-#   Why this kernel first: it holds two fp32 accumulators (dK_j, dV_j) plus K_j, V_j and the P/dS tiles,
-#   and it is the one that spills. Cross-compiled for sm_90 by triton 3.9 at the config an H100
-#   measured fastest and right (M64-N64-w4-s2, d = 128, fp16, causal), version 2 spills 216 bytes per
-#   thread and this kernel 8 (the compile report's rows; tests/tools/test_compile_report.py checks it;
-#   276 and 4 before the offsets became 64-bit).
-# Idea: the TMA forward's descriptors applied to Dao 2023 (FlashAttention-2), Algorithm 2, lines 5-18
-#   without line 15; FlashAttention-3 (Shah et al. 2024) moves every tile of its backward with TMA.
-# Limits: the TMA forward's (fp16/bf16; strides and (batch, head) starts multiples of 16 bytes, so d a
-#   multiple of 8 for contiguous tensors: fa2_fwd_tma.supported, given dO too). It runs with the dK/dV
-#   config tables and configs.hazard's rule, as version 2 does. Measured on no GPU yet: opt-in with
-#   FLASHLIB_TRITON_BWD=tma (independent of FLASHLIB_TRITON_FWD), and its determinism on a GPU is a GPU-tier test.
-# Run: flashlib.kernels.triton.fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=True, scale=d ** -0.5);
-#   interpreted on a CPU.
+#   Hopper), version 5 of the Triton kernels ("the TMA dK/dV"). Version 2 (fa2_bwd.py) stays the
+#   default; the D preprocess and the dQ kernel are version 2's, launched by its backward
+#   (fa2_bwd.backward with dkdv_spec=DKDV_SPEC).
+# Changed from version 2's _bwd_dkdv: K_j and V_j, every Q_i and dO_i tile, and the stores of dK_j
+#   and dV_j go through 2-D descriptors of their (batch, head), as in the TMA forward
+#   (fa2_fwd_tma.py, version 4): no address arithmetic and no load masks in the warps; rows past N
+#   and columns past d read as 0, and the stores drop them. The loops and the GQA sum over a group's
+#   query heads are version 2's, and the step of the inner loop (recomputing P, the masks, dV, dP,
+#   dS, dK) is its very function, kit.dkdv_step. DKDV_SPEC is version 2's (arguments, grid, config
+#   table, shared memory) with this kernel and scratch=True.
+#   Why this kernel first: it holds two fp32 accumulators (dK_j, dV_j) plus K_j, V_j and the P/dS
+#   tiles, and it is the one that spills. Cross-compiled for sm_90 by triton 3.9 at the config an
+#   H100 measured fastest and right (M64-N64-w4-s2, d = 128, fp16, causal), version 2 spills 216
+#   bytes per thread and this kernel 8 (the compile report's rows;
+#   tests/tools/test_compile_report.py checks it).
+# Idea: the TMA forward's descriptors applied to Dao 2023 (FlashAttention-2), Algorithm 2, lines
+#   5-18 without line 15; FlashAttention-3 (Shah et al. 2024) moves every tile of its backward with
+#   TMA.
+# Limits: the TMA forward's (fp16/bf16; strides and (batch, head) starts multiples of 16 bytes, so d
+#   a multiple of 8 for contiguous tensors: fa2_fwd_tma.supported, given dO too; triton >= 3.4). It
+#   runs with the dK/dV config table and configs.hazard's rule, as version 2 does. Measured on no
+#   GPU yet, so opt-in, independently of the forward; its determinism on a GPU is a GPU-tier test.
+# Run: o = flashlib.attention(q, k, v, backend="triton", kernel=(None, "v5")); o.backward(do) (or
+#   FLASHLIB_TRITON_BWD=v5 as the default), or fa2_bwd_tma.backward(q, k, v, o, lse, do,
+#   causal=True, scale=d ** -0.5); interpreted on a CPU.
 """The FA2 backward with its dK/dV kernel through tensor descriptors (TMA on sm_90).
 
 Explained in: notebooks/07c_hopper."""

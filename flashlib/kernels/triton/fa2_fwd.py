@@ -1,38 +1,41 @@
-# fa2_fwd.py — FlashAttention-2 forward in Triton, version 1 of the Triton kernels.
-# Changed from the NumPy ladder (flashlib.ladder.fa2.forward): one program per (query block, batch·head)
-#   instead of a Python loop; the online softmax runs in base 2 with the scale folded into one
-#   multiplier (exp2(x·scale·log2 e) = exp(x·scale), and exp2 is the GPU's native instruction);
-#   the key loop is split in two — blocks every row of the query block sees (no mask at all), then the
-#   diagonal / ragged-end blocks (causal and bounds masks) — and blocks the causal mask hides entirely
-#   are never visited. GQA reads kv head h // (H // Hkv) through its stride: no copy of K/V.
-#   The grid is flat (flashlib.kernels.triton.flat_grid): program p is query block p % n_blocks of batch·head
-#   p // n_blocks, so the query blocks of one head are neighbours (its K/V stay in L2) and B·H may
-#   exceed the 65,535 programs CUDA allows on a second grid axis.
-#   The pieces the kernels share live in flashlib.kernels.triton.kit: the grid decode (unflatten), the
-#   key range (key_range), the tile loads, the inner loop with its two stages (attend: FULL, MASKED)
-#   and its online-softmax step; SPEC (flashlib.kernels.triton.spec) describes the kernel once for the
-#   launcher, the config tables and the compile report.
+# fa2_fwd.py — FlashAttention-2 forward in Triton, version 1 of the Triton kernels (the default).
+# Changed from the NumPy ladder (flashlib.ladder.fa2.forward): one program per (query block,
+#   batch·head) instead of a Python loop; the online softmax runs in base 2 with the scale folded
+#   into one multiplier (exp2(x·scale·log2 e) = exp(x·scale), and exp2 is the GPU's native
+#   instruction); the key loop is split in two — blocks every row of the query block sees (no mask
+#   at all), then the diagonal / ragged-end blocks (causal and bounds masks) — and blocks the causal
+#   mask hides entirely are never visited. GQA reads kv head h // (H // Hkv) through its stride: no
+#   copy of K/V.
+#   The grid is flat (flashlib.kernels.triton.flat_grid): program p is query block p % n_blocks of
+#   batch·head p // n_blocks, so the query blocks of one head are neighbours (its K/V stay in L2)
+#   and B·H may exceed the 65,535 programs CUDA allows on a second grid axis.
+#   The pieces the kernels share live in flashlib.kernels.triton.kit: the grid decode (unflatten),
+#   the key range (key_range), the tile loads, the inner loop with its two stages (attend: FULL,
+#   MASKED) and its online-softmax step. SPEC (flashlib.kernels.triton.spec), read from the kernel's
+#   signature, and the config table sit beside the kernel: forward allocates, builds the arguments
+#   and calls SPEC.launch. Version 4 (fa2_fwd_tma.py) is this forward with its own spec.
 #   NaN follows flashlib's rule (kit's header): a NaN a row sees makes the row NaN (O, and L unless
 #   it is in V), one it does not see (causal mask, padding) changes nothing; kit.finish and
-#   kit.attend's causal MASKED stage carry it, so this file did not change for it.
+#   kit.attend's causal MASKED stage carry it.
 # Idea: Dao 2023 (FlashAttention-2), Algorithm 1; exp2 trick and loop split as in Triton's
 #   fused-attention tutorial (our own code, plain pointer arithmetic: no block pointers, which
 #   triton 3.9 removed).
 # Limits: head dim <= 256 (the tile is padded to the next power of two >= 16, loads are masked);
-#   fp16, bf16, fp32 (fp32 in true fp32 unless allow_tf32); bf16 needs sm_80+. Any B·H (flat grid, up
-#   to 2^31 - 1 programs); offsets are 64-bit (kit's "Offsets"), so a tensor may hold 2^31 elements or
-#   more; Nq and Nk each < 2^31.
-# Run: flashlib.attention(q, k, v, backend="triton"); on a CPU it runs in Triton's interpreter.
+#   fp16, bf16, fp32 (fp32 in true fp32 unless allow_tf32); bf16 needs sm_80+. Any B·H (flat grid,
+#   up to 2^31 - 1 programs); offsets are 64-bit (kit's "Offsets"), so a tensor may hold 2^31
+#   elements or more; Nq and Nk each < 2^31.
+# Run: flashlib.attention(q, k, v, backend="triton") (kernel="v1", the default); on a CPU it runs in
+#   Triton's interpreter.
 """FlashAttention-2 forward kernel and its launcher.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
 import torch
 
 from . import flat_grid, kit, triton, tl
-from .configs import Config
+from .configs import Config, Tables
 from .spec import KernelSpec, staged_bytes
 
-__all__ = ["forward", "grid", "SPEC"]
+__all__ = ["forward", "grid", "SPEC", "CONFIGS"]
 
 
 @triton.jit
@@ -107,9 +110,16 @@ def smem_estimate(cfg: Config, block_d: int, elem_bytes: int) -> int:
     return staged_bytes(cfg, elem_bytes, resident=cfg.block_m * block_d, streamed=2 * cfg.block_n * block_d)
 
 
+# The candidates per architecture (configs.Tables; how they were chosen: configs' header). sm_80+: the
+# H100's list (cross-compiled for sm_80-sm_89, not run there).
+CONFIGS = Tables(
+    sm80=(Config(128, 64, 8, 3), Config(128, 32, 8, 2), Config(64, 64, 4, 2), Config(64, 32, 4, 2),
+          Config(32, 32, 4, 1)),
+    sm75=(Config(32, 16, 8, 1),), fp32=(Config(32, 16, 8, 1),), sm75_fp32=(Config(32, 16, 8, 1),),
+    interpreter=Config(32, 16))
 SPEC = KernelSpec("fa2_fwd", _fwd_kernel, types=dict(LSE="fp32", qk_scale="fp32"),
                   grid=lambda a: grid(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
-                  config="fwd", smem=smem_estimate)
+                  config="fwd", tables=CONFIGS, smem=smem_estimate)
 
 
 def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False,

@@ -1,36 +1,43 @@
-# fa2_fwd_tma.py — FlashAttention-2 forward in Triton through tensor descriptors (TMA on Hopper), version 4
-#   of the Triton kernels ("the TMA forward"). Version 1 (fa2_fwd.py) stays, unchanged, and stays the default.
-# Changed from version 1: every tile moves through a tensor descriptor instead of a grid of pointers.
+# fa2_fwd_tma.py — FlashAttention-2 forward in Triton through tensor descriptors (TMA on Hopper),
+#   version 4 of the Triton kernels ("the TMA forward"). Version 1 (fa2_fwd.py) stays the default.
+# Changed from version 1: every tile moves through a tensor descriptor instead of a grid of
+#   pointers.
 #   Each program makes four 2-D descriptors on the device (tl.make_tensor_descriptor): Q, K, V and O
 #   of its own (batch, head), shape (N, d), row stride from the tensor, block (rows, BLOCK_D). A
 #   descriptor knows the tensor's bounds, so the loads need no masks: rows past N and columns past d
 #   read 0 (the padding="zero" rule), and the store of O drops them. On sm_90 Triton lowers a
-#   descriptor load to TMA (the Tensor Memory Accelerator: one thread asks for a whole tile, the copy
-#   engine writes it into shared memory and signals an mbarrier, no address arithmetic in the warps);
-#   below sm_90 Triton rewrites descriptors back into pointer loads, so the kernel runs everywhere.
-#   The key loop is a tl.range(..., warp_specialize=WARP_SPECIALIZE): asked for, Triton's Hopper
-#   warp-specialization pass would split the loop into a producer warp group that only issues TMA
-#   copies and consumer warp groups that only run wgmma and the softmax (FlashAttention-3's
-#   producer/consumer split, done by the compiler). It is off by default because triton 3.9 cannot do
-#   it for this loop yet: cross-compiled for sm_90 with 4 warps its NVGPUWarpSpecialization pass fails
-#   (an MLIR dominance assertion), with 8 warps it leaves the loop whole (no setmaxnreg, one partition);
-#   Triton's persistent-matmul tutorial says its warp specialization "only works on Blackwell right now"
-#   (tests/kernels/triton/test_triton_fa2_fwd_tma.py keeps both facts checked). The online softmax,
-#   masks, key ranges and the epilogue are version 1's own (flashlib.kernels.triton.kit): only the way
-#   tiles move changed. So is the NaN rule (kit's header): finish's l == 0 test, and in the causal
-#   MASKED stage kit.hide_nan_values (a NaN value the mask hides from a row leaves that row alone).
+#   descriptor load to TMA (the Tensor Memory Accelerator: one thread asks for a whole tile, the
+#   copy engine writes it into shared memory and signals an mbarrier, no address arithmetic in the
+#   warps); below sm_90 Triton rewrites descriptors back into pointer loads, so the kernel runs
+#   everywhere.
+#   The online softmax, masks, key ranges and the epilogue are version 1's own
+#   (flashlib.kernels.triton.kit), and so is the launcher: fa2_fwd.forward with this file's SPEC
+#   (version 1's grid, config table and shared memory; scratch=True, see Limits). So is the NaN rule
+#   (kit's header): finish's l == 0 test, and in the causal MASKED stage kit.hide_nan_values (a NaN
+#   value the mask hides from a row leaves that row alone).
+#   The key loop is a tl.range(..., warp_specialize=WARP_SPECIALIZE), a constant of the spec: asked
+#   for (SPEC_WARP_SPECIALIZED), Triton's Hopper warp-specialization pass would split the loop into
+#   a producer warp group that only issues TMA copies and consumer warp groups that only run wgmma
+#   and the softmax (FlashAttention-3's producer/consumer split, done by the compiler).
 # Idea: Shah et al. 2024 (FlashAttention-3), section 3.1 (producer/consumer warp specialization with
 #   TMA); Triton's fused-attention tutorial (its tensor-descriptor variant); Dao 2023, Algorithm 1.
 # Limits: what TMA requires of the memory — fp16 or bf16 (fp32 inputs run version 1), the last dim
-#   contiguous, every other stride and each (batch, head) start a multiple of 16 bytes (d a multiple of
-#   8 for contiguous tensors; d = 40, 64, 128 yes, 59 and 111 no): :func:`supported` says whether a
-#   call qualifies and why not. Device-side descriptors need a global scratch buffer (128 bytes per
-#   descriptor per program): the launcher supplies it through triton.set_allocator, scoped to its own
-#   launch (a copy of the context), so the caller's allocator is left alone. Head dim <= 256, any B·H
-#   (flat grid), 64-bit offsets as version 1. Measured on no GPU yet: it is opt-in
-#   (FLASHLIB_TRITON_FWD=tma, or this module's forward directly), and `flashlib bench` times it beside version 1.
-# Run: flashlib.kernels.triton.fa2_fwd_tma.forward(q, k, v, causal=True, scale=d ** -0.5); on a CPU it
-#   runs in Triton's interpreter, which checks the descriptors' alignment rules too.
+#   contiguous, every other stride and each (batch, head) start a multiple of 16 bytes (d a multiple
+#   of 8 for contiguous tensors; d = 40, 64, 128 yes, 59 and 111 no): :func:`supported` says whether
+#   a call qualifies and why not; triton >= 3.4 (:func:`descriptors_missing`). Device-side
+#   descriptors need a global scratch buffer (128 bytes per descriptor per program): the spec says
+#   scratch=True, and KernelSpec.launch sets Triton's allocator for this launch only, leaving the
+#   caller's alone. Head dim <= 256, any B·H (flat grid), 64-bit offsets as version 1.
+#   Warp specialization is off: triton 3.9 cannot do it for this loop (cross-compiled for sm_90,
+#   with 4 warps its NVGPUWarpSpecialization pass fails on an MLIR dominance assertion; with 8 warps
+#   it leaves the loop whole, one partition, no setmaxnreg), and Triton's persistent-matmul tutorial
+#   says its warp specialization "only works on Blackwell right now"
+#   (tests/kernels/triton/test_triton_fa2_fwd_tma.py keeps both facts checked).
+#   Measured on no GPU yet, so opt-in; `flashlib bench` times it beside version 1 (row
+#   flashlib-tma).
+# Run: flashlib.attention(q, k, v, backend="triton", kernel="v4") (or FLASHLIB_TRITON_FWD=v4 as the
+#   default), or fa2_fwd_tma.forward(q, k, v, causal=True, scale=d ** -0.5); on a CPU it runs in
+#   Triton's interpreter, which checks the descriptors' alignment rules too.
 """FlashAttention-2 forward through tensor descriptors (TMA on sm_90); warp specialization as an experiment.
 
 Explained in: notebooks/07c_hopper."""

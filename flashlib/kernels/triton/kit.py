@@ -1,61 +1,58 @@
 # kit.py — the pieces every flashlib Triton kernel shares, written once.
-# Changed from the first versions of the kernels, where each kernel had its own copy: the online-softmax
-#   step was pasted twice in the forward, masking was done three ways (two loops in the forward, a
-#   branch on the block in dQ, a key mask on every block plus a causal branch in dK/dV), each kernel
-#   decoded its flat-grid index by hand, and log2 e and ln 2 were bare literals. Here, as @triton.jit
-#   helpers (Triton inlines them) and named constants (LOG2E, LN2):
-#   * unflatten — a flat-grid index into its fastest count and the rest (flashlib.kernels.triton.flat_grid);
-#   * key_range / query_range — which key blocks a query block sees fully, in part, or not at all (and
-#     which query blocks see a key block in part), bottom-right causal: query i sees key j iff j <= i + Nk - Nq;
+# Changed from one copy of each piece per kernel: the online-softmax step, the masking, the
+#   flat-grid decode and the constants log2 e and ln 2 live here once, as @triton.jit helpers
+#   (Triton inlines them) and named constants (LOG2E, LN2):
+#   * unflatten — a flat-grid index into its fastest count and the rest
+#     (flashlib.kernels.triton.flat_grid);
+#   * key_range / query_range — which key blocks a query block sees fully, in part, or not at all
+#     (and which query blocks see a key block in part), bottom-right causal: query i sees key j iff
+#     j <= i + Nk - Nq;
 #   * load_tile / store_tile — a (rows, BLOCK_D) tile, rows and padded columns masked, with the
 #     interpreter's bf16 upcast; load_kv — a key block's K_j, V_j; load_lse2 — saved LSEs in base 2;
 #     desc_2d — the tensor descriptor of one (batch, head)'s (N, d) matrix, for the TMA kernels;
 #   * for the launchers on the host, plain Python: qk_scale, ceil_div and block_d (triton.cdiv and
 #     triton.next_power_of_2 are ConstexprFunctions, microseconds a call on the host);
 #   * dkdv_step — one query block's contribution to dK_j, dV_j (Algorithm 2, lines 9-16 without 15),
-#     the body of both dK/dV kernels (fa2_bwd's and fa2_bwd_tma's), which differ only in their loads;
-#   * softmax_step — one step of the online softmax (Algorithm 1, lines 9-10), in base 2, and finish —
-#     its end (lines 12-13): O = acc / l, L = ln 2 (m + log2 l); a row that saw nothing: O = 0, L = -inf;
+#     the body of both dK/dV kernels (fa2_bwd's and fa2_bwd_tma's), which differ only in their
+#     loads;
+#   * softmax_step — one step of the online softmax (Algorithm 1, lines 9-10), in base 2, and
+#     finish — its end (lines 12-13): O = acc / l, L = ln 2 (m + log2 l); a row that saw nothing:
+#     O = 0, L = -inf;
 #   * NaN follows one rule (flashlib's, on every backend): a NaN in q[i], or in k[j] or v[j] at a
-#     key j that row i sees, makes row i's O NaN (and its L, except for v); a NaN that row i does not
-#     see (causal mask, past NK) changes nothing. Changed for it from the first versions: finish
-#     decided "saw no key" by l > 0, which NaN makes false, so a NaN row came out as O = NaN,
-#     L = -inf; it now tests l == 0, which only a row that saw no key has (l >= 1 after any finite
-#     score, NaN after a NaN one). And in the MASKED stage of a causal forward, V_j holds keys the mask
+#     key j that row i sees, makes row i's O NaN (and its L, except for v); a NaN that row i does
+#     not see (causal mask, past NK) changes nothing. finish decides "saw no key" by l == 0, which
+#     only a row that saw no key has (l >= 1 after any finite score, NaN after a NaN one; l > 0
+#     would be false for NaN). In the MASKED stage of a causal forward, V_j holds keys the mask
 #     hides from some rows, where P = 0 and 0 * NaN = NaN would spread; hide_nan_values zeroes V's
 #     NaNs there and flags the rows that do see one (their acc becomes NaN). The FULL stage is
-#     untouched (every row sees every key of its blocks), and keys past NK load as 0 (no NaN to hide).
-#     Cross-compiled (triton 3.9, the compile report's tiles, d = 128, ptxas): the forward's registers
-#     224 -> 190 (fp16, sm_80), 190 -> 191 (sm_90), 78 -> 91/92 (fp32), the TMA forward's 225 -> 194
-#     and 152 -> 161 (fp16, sm_80 / sm_90), no spill; with a per-(row, key)
-#     "sees a NaN" matrix instead of the first NaN key it spilled 124 bytes on sm_80. No GPU has timed it.
-#     The backward does not follow the rule: the gradients of a NaN row are not specified.
-#   * one masking policy: only the blocks the ranges call partial are masked, by mask_keys (keys past
-#     Nk) and mask_causal (keys the causal mask hides); mask_scores applies both. attend, the forward's
-#     inner loop, takes a STAGE as Triton's tutorial does: one call with FULL for the key blocks every
-#     row sees (no mask at all), one with MASKED for the diagonal / ragged ones. The backward keeps one
-#     loop per kernel and tests each block against the same ranges (dQ: key_range, as the forward;
-#     dK/dV: query_range for the causal diagonal, and its own ragged key block masked on every query
-#     block). Split into two stages, dK/dV spilled 696 bytes on sm_90 instead of 288 and began to spill
-#     on sm_75, and the configs an H100 showed right were measured with one loop (compile report,
-#     triton 3.9).
-#   * Offsets: a tensor may hold 2^31 elements or more (a decode cache of B = 72, Hkv = 8, Nmax = 32768,
-#     d = 128 holds 2.4e9, 4.8 GB in fp16), where a 32-bit offset wraps silently or faults. So every
-#     index that multiplies a stride — batch b, head h, rows — and every (batch·head) row base of the
-#     LSE, D and decode-partial buffers is cast to 64 bits first (.to(tl.int64), as Triton's tutorial
-#     casts off_z and off_h), then multiplied (ptxas makes them IMAD.WIDE: 10 in the forward's sm_80
-#     SASS before, 74 after). Masks, grid decoding and column offsets (offs_d < BLOCK_D <= 256,
-#     stride 1) stay 32-bit. The dK/dV kernels walk their group's head pointers instead of recomputing
-#     them (see there). Cross-compiled by triton 3.9 at the compile report's tiles: no new spill on
-#     sm_75/sm_80; on sm_90 dK/dV spills 216 bytes (276 before) and its TMA twin 8 (4); registers
-#     -20..+9 per kernel; the SASS 1-10 % longer (static count; no GPU has timed it yet).
-#     tests/kernels/triton/test_triton_offsets.py checks the TTIR and runs views past 2^31 elements in
-#     the interpreter.
+#     untouched (every row sees every key of its blocks), and keys past NK load as 0 (no NaN to
+#     hide). It finds the block's first NaN key (a row sees it iff it sees any: the keys a row sees
+#     are a prefix), not a per-(row, key) matrix, which spilled (compile report, triton 3.9). The
+#     backward does not follow the rule: the gradients of a NaN row are not specified.
+#   * one masking policy: only the blocks the ranges call partial are masked, by mask_keys (keys
+#     past Nk) and mask_causal (keys the causal mask hides); mask_scores applies both. attend, the
+#     forward's inner loop, takes a STAGE as Triton's tutorial does: one call with FULL for the key
+#     blocks every row sees (no mask at all), one with MASKED for the diagonal / ragged ones. The
+#     backward keeps one loop per kernel and tests each block against the same ranges (dQ:
+#     key_range, as the forward; dK/dV: query_range for the causal diagonal, and its own ragged key
+#     block masked on every query block): split into two stages, dK/dV spills more on sm_90 and
+#     begins to spill on sm_75 (compile report, triton 3.9).
+#   * Offsets: a tensor may hold 2^31 elements or more (a decode cache of B = 72, Hkv = 8,
+#     Nmax = 32768, d = 128 holds 2.4e9, 4.8 GB in fp16), where a 32-bit offset wraps silently or
+#     faults.
+#     So every index that multiplies a stride — batch b, head h, rows — and every (batch·head) row
+#     base of the LSE, D and decode-partial buffers is cast to 64 bits first (.to(tl.int64), as
+#     Triton's tutorial casts off_z and off_h), then multiplied. Masks, grid decoding and column
+#     offsets (offs_d < BLOCK_D <= 256, stride 1) stay 32-bit. The dK/dV kernels walk their group's
+#     head pointers instead of recomputing them (see there).
+#     tests/kernels/triton/test_triton_offsets.py checks the TTIR and runs views past 2^31 elements
+#     in the interpreter.
 # Idea: Triton's fused-attention tutorial (its _attn_fwd_inner with a STAGE argument, exp2 with the
-#   scale folded into log2 e; off_z.to(tl.int64) * stride_qz for the head's base); our own code, plain
-#   pointer arithmetic (no block pointers).
+#   scale folded into log2 e; off_z.to(tl.int64) * stride_qz for the head's base); our own code,
+#   plain pointer arithmetic (no block pointers).
 # Limits: helpers take constexpr flags where the kernels differ (CAUSAL, UPCAST, STAGE), so each
-#   kernel compiles only the branch it uses.
+#   kernel compiles only the branch it uses. A helper with four arguments or more is called with
+#   keywords, so that a change of its signature fails loudly instead of shifting arguments.
 # Run: the kernels call these; flashlib.show(kit.attend) displays one.
 """The shared @triton.jit helpers and named constants of flashlib's Triton kernels.
 

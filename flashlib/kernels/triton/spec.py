@@ -104,9 +104,10 @@ class KernelSpec:
     Its arguments are read from the kernel's signature (:func:`_layout`): ``pointers``, ``strides``
     (the pointers whose (batch, head, row) strides follow), ``scalars``, ``constexprs``. ``types``:
     the pointers and scalars that are not "in" (the inputs' dtype) or "i32", e.g. ``LSE="fp32"``.
-    ``grid``: the launch grid from the arguments (a dict by name). ``config``: the kernel's key in
-    :mod:`flashlib.kernels.triton.configs`' tables, or None with ``fixed``, the one config it runs
-    with. ``smem``: ``(cfg, block_d, elem_bytes) -> bytes`` of the tiles it stages (configs prunes
+    ``grid``: the launch grid from the arguments (a dict by name). ``config``: the kernel's name
+    in :mod:`flashlib.kernels.triton.configs` (``configs.hazard`` and ``configs.refusal`` know it) with
+    ``tables``, its :class:`configs.Tables` of candidates, written beside it; or None with ``fixed``,
+    the one config it runs with. ``smem``: ``(cfg, block_d, elem_bytes) -> bytes`` of the tiles it stages (configs prunes
     by it). ``uses_dot``: it has a tl.dot. ``defaults``: the constexprs the kernel gives a default
     (``SOFTCAP: tl.constexpr = False``), which a caller may leave out. ``constants``: constexprs this spec fixes (its callers do
     not pass them). ``blocks``: ``(cfg, args) -> {constexpr: value}``, the constexprs a config sets
@@ -121,6 +122,7 @@ class KernelSpec:
     grid: Callable[[dict], tuple]
     types: dict = field(default_factory=dict)
     config: str | None = None
+    tables: object = None
     fixed: object = None
     smem: Callable | None = None
     uses_dot: bool = True
@@ -138,8 +140,9 @@ class KernelSpec:
     _candidates: dict = field(init=False, repr=False, compare=False, default_factory=dict)  # configs' cache
 
     def __post_init__(self):
-        if (self.config is None) == (self.fixed is None):
-            raise ValueError(f"{self.name}: give exactly one of config (a table key) and fixed (a Config)")
+        if (self.config is None) == (self.fixed is None) or (self.config is None) != (self.tables is None):
+            raise ValueError(f"{self.name}: give exactly one of config (its name, with its tables) and "
+                             "fixed (a Config)")
         pointers, strides, scalars, constexprs, defaults = _layout(self.name, self.fn, self.types)
         for name, value in (("pointers", pointers), ("strides", strides), ("scalars", scalars),
                             ("constexprs", constexprs), ("defaults", defaults)):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import flashlib.kernels.triton  # noqa: F401  (fixes Triton's mode first: interpreter when no GPU)
-from flashlib.kernels.triton import configs, fa2_bwd, fa2_fwd
-from flashlib.kernels.triton.configs import Config
+from flashlib.kernels.triton import configs, fa2_bwd, fa2_fwd, tables
+from flashlib.kernels.triton.configs import Config, Tables
 from flashlib.kernels.triton.spec import KernelSpec
 from triton_cases import TABLE_SPECS
 
@@ -101,12 +101,13 @@ def test_fp32_tiles_choose_a_config_measured_to_fit_without_spilling(kernel, arc
 def test_fp32_tables_are_the_ones_measured_and_fp16_keeps_its_own():
     for arch in ("sm_75", "sm_80", "sm_90"):
         for kernel in configs.KERNELS:
-            assert all((arch, kernel, str(c)) in FP32_MEASURED for c in configs.table(arch, 4)[kernel])
-    assert configs.table("sm_86", 4) is configs.FP32 and configs.table("sm_90a", 4) is configs.SM90_FP32
-    assert configs.table("sm_75", 2) is configs.SM75 and configs.table("sm_89", 2) is configs.CANDIDATES
-    assert configs.arch_config(fa2_fwd.SPEC, "sm_90", 128, 2) == configs.SM90["fwd"][0]
+            assert all((arch, kernel, str(c)) in FP32_MEASURED for c in tables.table(arch, 4)[kernel])
+    assert tables.table("sm_86", 4) == tables.FP32 and tables.table("sm_90a", 4) == tables.SM90_FP32
+    assert tables.table("sm_75", 2) == tables.SM75 and tables.table("sm_89", 2) == tables.CANDIDATES
+    assert fa2_fwd.CONFIGS.for_arch("sm_89", 2) is tables.CANDIDATES["fwd"]   # the kernel's own table
+    assert configs.arch_config(fa2_fwd.SPEC, "sm_90", 128, 2) == tables.SM90["fwd"][0]
     with pytest.raises(ValueError, match="elem_bytes must be 2"):
-        configs.table("sm_80", 8)
+        tables.table("sm_80", 8)
 
 
 def test_sm75_fp32_estimates_prune_to_the_tiles_that_fit():
@@ -130,7 +131,7 @@ def test_out_of_resources_falls_back_to_the_next_candidate(monkeypatch):
         if kwargs["BLOCK_M"] > limit:
             raise OutOfResources(200_000, 101_376, "shared memory")
 
-    cands = tuple(configs.CANDIDATES["fwd"])
+    cands = tuple(tables.CANDIDATES["fwd"])
     monkeypatch.setattr(KernelSpec, "_run", run)
     monkeypatch.setattr(configs, "_device_candidates", lambda *a: cands)
     q = torch.zeros(1, 1, 8, 16)
@@ -175,8 +176,8 @@ def test_hazard_spares_the_configs_shown_right(cfg):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kernel", configs.KERNELS)
 def test_no_table_ever_offers_a_hazardous_config(kernel, arch):
-    for table in (configs.CANDIDATES, configs.SM75, configs.SM90, configs.FP32, configs.SM90_FP32,
-                  configs.SM75_FP32):
+    for table in (tables.CANDIDATES, tables.SM75, tables.SM90, tables.FP32, tables.SM90_FP32,
+                  tables.SM75_FP32):
         assert all(configs.hazard(kernel, c) is None for c in table[kernel])
     for block_d in (16, 32, 64, 128, 256):
         for es in (2, 4):
@@ -196,7 +197,7 @@ def test_a_callers_hazardous_config_runs_unpipelined(monkeypatch):
                      config_dq=Config(32, 64, 8, 2))
     fa2_fwd.forward(q, q, q, causal=False, scale=0.25, config=Config(32, 64, 8, 2))
     fa2_fwd.forward(q, q, q, causal=False, scale=0.25, config=Config(None, 64, 8, 2))
-    first = configs.INTERPRETER["fwd"]
+    first = tables.INTERPRETER["fwd"]
     assert ran[1:] == [("fa2_bwd_dkdv", Config(32, 64, 8, 1)), ("fa2_bwd_dq", Config(32, 64, 8, 2)),
                        ("fa2_fwd", Config(32, 64, 8, 2)), ("fa2_fwd", Config(first.block_m, 64, 8, 2))]
 
@@ -218,8 +219,8 @@ def test_tables_prune_by_the_estimate_beside_each_kernel(monkeypatch):
     (fa2_fwd.SPEC.smem): a spec whose tiles never fit leaves only the smallest candidate; anything but
     the spec of a kernel with a table is refused, naming the argument."""
     never_fits = dataclasses.replace(fa2_fwd.SPEC, smem=lambda cfg, d, es: 1 << 40)
-    assert configs.arch_candidates(never_fits, "sm_90", 128, 2) == [configs.SM90["fwd"][-1]]
-    assert configs.arch_candidates(fa2_fwd.SPEC, "sm_90", 128, 2) != [configs.SM90["fwd"][-1]]
+    assert configs.arch_candidates(never_fits, "sm_90", 128, 2) == [tables.SM90["fwd"][-1]]
+    assert configs.arch_candidates(fa2_fwd.SPEC, "sm_90", 128, 2) != [tables.SM90["fwd"][-1]]
     assert configs.arch_config(TABLE_SPECS["bwd_dq"], "sm_90", 128, 2) == Config(64, 64, 4, 2)
     for bad in ("fwd", fa2_bwd.PREPROCESS_SPEC):
         with pytest.raises(TypeError, match="kernel must be the KernelSpec of a kernel with a config table"):
@@ -232,4 +233,17 @@ def test_pick_config_on_a_cpu_is_the_interpreters_and_the_mode_is_known():
     import flashlib.kernels.triton as ft
     assert ft.interpreting() == ft.INTERPRET
     for kernel, spec in TABLE_SPECS.items():
-        assert configs.pick_config(spec, torch.device("cpu"), 128, 2) == configs.INTERPRETER[kernel]
+        assert configs.pick_config(spec, torch.device("cpu"), 128, 2) == tables.INTERPRETER[kernel]
+
+
+def test_a_kernels_tables_pick_by_architecture_and_tile_width():
+    """configs.Tables: sm90 falls back to sm80 (and sm90_fp32 to fp32) where a kernel gives none; the
+    T4 and 4-byte tiles get their own; any other tile width is refused."""
+    t = Tables(sm80=(Config(64, 64),), sm75=(Config(16, 16),), fp32=(Config(32, 16),),
+               sm75_fp32=(Config(16, 16, 2, 1),), interpreter=Config(32, 16))
+    assert t.for_arch("sm_90", 2) == t.for_arch("sm_86", 2) == (Config(64, 64),)
+    assert t.for_arch("sm_90a", 4) == t.fp32 and t.for_arch("sm_75", 4) == t.sm75_fp32
+    assert dataclasses.replace(t, sm90=(Config(128, 64),)).for_arch("sm_90", 2) == (Config(128, 64),)
+    with pytest.raises(ValueError, match="elem_bytes must be 2 .* or 4"):
+        t.for_arch("sm_80", 8)
+    assert fa2_bwd.DKDV_SPEC.tables is fa2_bwd.DKDV_CONFIGS and tables.SPECS[1] is fa2_bwd.DKDV_SPEC

@@ -18,7 +18,7 @@ from conftest import DEVICE
 
 from flashlib import hardware
 from flashlib.backends import triton as backend
-from flashlib.kernels.triton import configs, fa2_bwd, fa2_fwd, kit, triton
+from flashlib.kernels.triton import configs, fa2_bwd, fa2_fwd, kit, tables, triton
 from flashlib.kernels.triton.spec import KernelSpec
 
 # Python-level calls (sys.setprofile "call" events: functions, lambdas, comprehensions, generator
@@ -200,7 +200,7 @@ def test_config_candidates_are_worked_out_once_per_spec_and_device(two_gpus, mon
     assert worked == ["sm_90", "sm_80"] and two_gpus == [0, 1]
     configs._device_candidates(spec, gpu0, 64, 2)                  # another head dim: worked out anew
     assert worked == ["sm_90", "sm_80", "sm_90"]
-    assert configs._device_candidates(spec, torch.device("cpu"), 128, 2) == (configs.INTERPRETER["fwd"],)
+    assert configs._device_candidates(spec, torch.device("cpu"), 128, 2) == (tables.INTERPRETER["fwd"],)
 
 
 def test_a_callers_blocks_may_be_a_list_or_a_tuple():

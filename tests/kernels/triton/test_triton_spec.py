@@ -14,7 +14,7 @@ from conftest import DEVICE
 
 import flashlib.kernels.triton as ft
 from flashlib.hardware import CUDA_GRID_MAX
-from flashlib.kernels.triton import configs, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma
+from flashlib.kernels.triton import configs, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma, tables
 from flashlib.kernels.triton import decode as tdecode
 from flashlib.kernels.triton import tl
 from flashlib.kernels.triton.configs import Config
@@ -111,8 +111,8 @@ HUGE = [(1024, 128, 128, 16), (1024, 128, 8, 16), (100_000, 1, 1, 16), (100_000,
 
 def all_configs(kernel):
     """Every block size a launcher can be given: each architecture's table and the interpreter's."""
-    return {c for table in (configs.CANDIDATES, configs.SM90, configs.SM75) for c in table[kernel]} | {
-        configs.INTERPRETER[kernel], Config(16, 16)}
+    return {c for table in (tables.CANDIDATES, tables.SM90, tables.SM75) for c in table[kernel]} | {
+        tables.INTERPRETER[kernel], Config(16, 16)}
 
 
 @pytest.mark.parametrize("B,H,HKV,N", HUGE, ids=str)

@@ -22,7 +22,7 @@ import flashlib
 import flashlib.kernels.triton as ft
 from flashlib import backends
 from flashlib.backends import triton as triton_backend
-from flashlib.kernels.triton import configs, decode, fa2_bwd, fa2_fwd, fa2_fwd_tma, versions
+from flashlib.kernels.triton import configs, decode, fa2_bwd, fa2_fwd, fa2_fwd_tma, tables, versions
 from flashlib.kernels.triton.spec import KernelSpec
 
 
@@ -171,7 +171,7 @@ def test_a_t4_with_triton_3_3_budgets_fp32_tiles(monkeypatch):
     with hardware.rehearse("T4"):
         assert configs.tile_plan(q) == (False, 2)
     assert configs.tile_plan(q.to(torch.bfloat16)) == (True, 2)   # the interpreter's bf16 rule
-    last = configs.SM75_FP32["bwd_dkdv"][-1]
+    last = tables.SM75_FP32["bwd_dkdv"][-1]
     assert configs.arch_candidates(fa2_bwd.DKDV_SPEC, "sm_75", 256, 4) == [last]
 
 
@@ -191,7 +191,7 @@ def test_every_launcher_takes_upcast_and_its_budget_from_tile_plan(monkeypatch):
 
     def spy_candidates(spec, device, block_d, elem_bytes, config=None):
         budgets.append((spec.name, elem_bytes))
-        return (configs.INTERPRETER[spec.config],)
+        return (tables.INTERPRETER[spec.config],)
     monkeypatch.setattr(KernelSpec, "_run", spy_run)
     monkeypatch.setattr(configs, "candidates", spy_candidates)
     q, k, v, do = make_qkv(1, 2, 1, 5, 40, 64, dtype=torch.float16)
