@@ -102,7 +102,7 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
     bq = None if block_q is None else check_block(block_q, "block_q")   # None: the backend chooses
     bk = None if block_k is None else check_block(block_k, "block_k")
     kf, kb = check_kernel(kernel, chosen.name, chosen.kernels)
-    from . import _ops                       # autograd and the custom ops (imports torch on first use)
+    from . import _ops# autograd and the custom ops (imports torch on first use)
     # The cheapest way that is still correct (_ops.path): the backend itself for eager inference, the
     # autograd Function when only autograd needs a backward, the custom op for torch.compile & co.
     way = _ops.path(q, k, v)
@@ -241,7 +241,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
                          "requires grad: call it under torch.no_grad(), or use flashlib.attention")
     chosen = backends.resolve(backend, q, "decode")
     kernel = check_decode_kernel(kernel, chosen.name, chosen.kernels)
-    from . import _ops                                # the op torch.compile sees (first use only)
+    from . import _ops# the op torch.compile sees (first use only)
     # the backend itself, or the op where torch.compile & co. need one (_ops.path; decode has no
     # autograd: "function" cannot arise, as inputs that need a gradient were refused above)
     if _ops.path(q, k_cache, v_cache, cache_seqlens) == "op":

@@ -180,7 +180,7 @@ def test_triton_decode_runs_only_the_splits_its_key_blocks_can_fill(monkeypatch)
     backend runs at most ceil(Nmax / 16) splits; the answer is that of more splits, which were empty
     (to the last bit in the interpreter; a GPU's combine may sum the splits in another order)."""
     from flashlib.backends import triton as backend
-    from flashlib.kernels.triton import decode as kernel
+    from flashlib.kernels.triton import decode_v3 as kernel
     from flashlib.kernels.triton import tables
     every = (tables.CANDIDATES, tables.SM75, tables.SM90, tables.FP32, tables.SM75_FP32, tables.SM90_FP32)
     assert all(c.block_n >= backend.MIN_DECODE_BLOCK_N for t in every for c in t["decode"])

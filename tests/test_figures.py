@@ -178,14 +178,14 @@ def _loads_by_definition(q0, q1, nq, nk, bn, causal):
 @pytest.mark.parametrize("B,H,nq,nk,causal", [(2, 2, 1000, None, True), (1, 3, 200, 90, True),
                                               (2, 1, 130, 300, False), (1, 1, 70, 200, True)])
 def test_program_grid_draws_every_program_of_the_launch(B, H, nq, nk, causal):
-    from flashlib.kernels.triton import configs, fa2_fwd, tables
+    from flashlib.kernels.triton import configs, fa2_fwd_v1, tables
     cfg = configs.Config(32, 16) if nq < 500 else None
     fig = figures.program_grid(B, H, nq, nk, config=cfg, causal=causal)
     cfg = cfg or tables.CANDIDATES["fwd"][0]
     nk = nq if nk is None else nk
     ax = fig.axes[0]
     _labelled(ax)
-    programs = fa2_fwd.grid(B, H, nq, cfg.block_m)[0]
+    programs = fa2_fwd_v1.grid(B, H, nq, cfg.block_m)[0]
     cells = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in ax.texts}
     assert len(cells) == programs and str(programs) in ax.get_title()
     n_blocks = math.ceil(nq / cfg.block_m)

@@ -17,7 +17,7 @@ import torch
 from conftest import DEVICE
 
 import flashlib
-from flashlib.kernels.triton import fa2_fwd
+from flashlib.kernels.triton import fa2_fwd_v1
 
 MAX_FRAMES = 6
 PACKAGE = pathlib.Path(flashlib.__file__).resolve().parent
@@ -38,7 +38,7 @@ def flashlib_frames(frame) -> list[str]:
 def launches(monkeypatch):
     """Every Triton launch as (spec's kernel name, its flashlib frames), recorded instead of run."""
     seen = []
-    kind = type(fa2_fwd.SPEC.fn)                     # JITFunction, or InterpretedFunction on a CPU
+    kind = type(fa2_fwd_v1.SPEC.fn)                     # JITFunction, or InterpretedFunction on a CPU
 
     def getitem(fn, grid):
         seen.append((fn.fn.__name__ if hasattr(fn, "fn") else repr(fn), flashlib_frames(sys._getframe(1))))

@@ -60,8 +60,8 @@ def run_attention(backend, q, k, v, causal):
     """``(o, lse)`` of one backend (or one of its kernels by name) on CPU tensors."""
     need(backend)
     if backend == "triton-tma":
-        from flashlib.kernels.triton import fa2_fwd_tma
-        return fa2_fwd_tma.forward(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5,
+        from flashlib.kernels.triton import fa2_fwd_v4_tma
+        return fa2_fwd_v4_tma.forward(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5,
                                    config=_small_blocks())
     if backend == "cuda-v2":
         from flashlib.kernels import cuda

@@ -23,13 +23,13 @@ pytest.importorskip("triton")
 import flashlib  # noqa: E402
 from flashlib import hardware  # noqa: E402
 from flashlib.backends import triton as triton_backend  # noqa: E402
-from flashlib.kernels.triton import configs, decode, fa2_bwd, fa2_fwd, tables  # noqa: E402
+from flashlib.kernels.triton import configs, decode_v3 as decode, fa2_bwd_v2, fa2_fwd_v1, tables# noqa: E402
 from flashlib.ladder.decoding import choose_num_splits  # noqa: E402
 from flashlib.testing import rehearsal  # noqa: E402
 
 CPU = torch.device("cpu")
 T4 = hardware.CudaDevice(-1, "sm_75", 40, 65536)
-TABLE_SPECS = (fa2_fwd.SPEC, fa2_bwd.DKDV_SPEC, fa2_bwd.DQ_SPEC, decode.SPLIT_SPEC)
+TABLE_SPECS = (fa2_fwd_v1.SPEC, fa2_bwd_v2.DKDV_SPEC, fa2_bwd_v2.DQ_SPEC, decode.SPLIT_SPEC)
 
 # Chapter 7's cells that only read the compile report (rows of kernels compiled for every architecture
 # in child processes): no device choice in them, and a cold report costs minutes. Nothing else is
@@ -146,7 +146,7 @@ def test_a_faked_cuda_device_takes_the_same_road(monkeypatch):
     gpu0 = torch.device("cuda", 0)
     assert hardware.device_facts(gpu0).arch == "sm_75"
     assert hardware.kernel_dtypes(gpu0) == ("float16", "float32")
-    spec = dataclasses.replace(fa2_bwd.DQ_SPEC)
+    spec = dataclasses.replace(fa2_bwd_v2.DQ_SPEC)
     assert configs._device_candidates(spec, gpu0, 128, 2) == tuple(
         configs.arch_candidates(spec, "sm_75", 128, 2, limit=65536))
 

@@ -9,7 +9,7 @@ in that order of preference (:func:`flashlib.kernels.cuda.pick_version` says whi
 The backward :data:`BACKWARD` is v1 (``fa2_bwd_v1_mma.cu``, :func:`flashlib.kernels.cuda.backward`) for
 float16/bfloat16 at d <= 128; elsewhere (float32, d > 128, a GPU before sm_75) it is the "triton"
 backend's on a GPU and the "reference" backend's (NumPy FA2) on a CPU, from the same saved LSE.
-Decode :data:`DECODE` is v1 (``decode_splitkv.cu``).
+Decode :data:`DECODE` is v1 (``decode_v1_splitkv.cu``).
 
 Explained in: notebooks/08_cuda.
 """
@@ -49,7 +49,7 @@ FORWARD = Family("cuda forward", (
 ))
 BACKWARD = Family("cuda backward", (
     Variant("v1", "fa2_bwd_v1_mma.cu: mma.sync, float16/bfloat16, d <= 128", _backward_supported),))
-DECODE = Family("cuda decode", (Variant("v1", "decode_splitkv.cu: split-KV then combine"),))
+DECODE = Family("cuda decode", (Variant("v1", "decode_v1_splitkv.cu: split-KV then combine"),))
 KERNELS = {"forward": FORWARD, "backward": BACKWARD, "decode": DECODE}
 
 

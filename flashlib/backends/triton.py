@@ -5,13 +5,13 @@ The kernels are imported on first use (importing flashlib imports no triton). Th
 device's table choose.
 
 Kernel versions (:mod:`flashlib.backends.variants`: one table per role, one ``pick``): the forwards
-:data:`FORWARD` are version 1 (:mod:`~flashlib.kernels.triton.fa2_fwd`, pointer loads, the default) and
-version 4 (:mod:`~flashlib.kernels.triton.fa2_fwd_tma`: tensor descriptors, TMA on sm_90); the backwards
-:data:`BACKWARD` version 2 (:mod:`~flashlib.kernels.triton.fa2_bwd`, the default) and version 5 (its
-dK/dV kernel through tensor descriptors, :mod:`~flashlib.kernels.triton.fa2_bwd_tma`); decode
+:data:`FORWARD` are version 1 (:mod:`~flashlib.kernels.triton.fa2_fwd_v1`, pointer loads, the default) and
+version 4 (:mod:`~flashlib.kernels.triton.fa2_fwd_v4_tma`: tensor descriptors, TMA on sm_90); the backwards
+:data:`BACKWARD` version 2 (:mod:`~flashlib.kernels.triton.fa2_bwd_v2`, the default) and version 5 (its
+dK/dV kernel through tensor descriptors, :mod:`~flashlib.kernels.triton.fa2_bwd_v5_tma`); decode
 :data:`DECODE` version 3. ``flashlib.attention(..., kernel="v4")`` (or ``kernel=("v4", "v5")``) names
 one; ``FLASHLIB_TRITON_FWD`` / ``FLASHLIB_TRITON_BWD`` set the default (``v4``/``v5``, or ``tma`` for
-either), which runs where its memory rules hold (:func:`~flashlib.kernels.triton.fa2_fwd_tma.supported`)
+either), which runs where its memory rules hold (:func:`~flashlib.kernels.triton.fa2_fwd_v4_tma.supported`)
 and the default elsewhere. The TMA versions are opt-in until a GPU has measured them faster; they need
 tensor descriptors (triton >= 3.4).
 
@@ -42,13 +42,13 @@ def _kernels() -> types.SimpleNamespace:
     import torch
 
     from ..kernels import triton as ft
-    from ..kernels.triton import configs, decode, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma
-    return types.SimpleNamespace(ft=ft, configs=configs, fa2_fwd=fa2_fwd, fa2_fwd_tma=fa2_fwd_tma,
-                                 fa2_bwd=fa2_bwd, fa2_bwd_tma=fa2_bwd_tma, decode=decode, torch=torch)
+    from ..kernels.triton import configs, decode_v3 as decode, fa2_bwd_v2, fa2_bwd_v5_tma, fa2_fwd_v1, fa2_fwd_v4_tma
+    return types.SimpleNamespace(ft=ft, configs=configs, fa2_fwd_v1=fa2_fwd_v1, fa2_fwd_v4_tma=fa2_fwd_v4_tma,
+                                 fa2_bwd_v2=fa2_bwd_v2, fa2_bwd_v5_tma=fa2_bwd_v5_tma, decode=decode, torch=torch)
 
 
 def _tma_supported(*tensors) -> str | None:
-    return _kernels().fa2_fwd_tma.supported(*tensors)
+    return _kernels().fa2_fwd_v4_tma.supported(*tensors)
 
 
 FORWARD = Family("triton forward", (
@@ -61,7 +61,7 @@ BACKWARD = Family("triton backward", (
             _tma_supported),
 ), env="FLASHLIB_TRITON_BWD", aliases={"tma": "v5"})
 DECODE = Family("triton decode", (
-    Variant("v3", "decode.py: Flash-Decoding, split-KV then combine"),))
+    Variant("v3", "decode_v3.py: Flash-Decoding, split-KV then combine"),))
 KERNELS = {"forward": FORWARD, "backward": BACKWARD, "decode": DECODE}
 KNOBS = {f.env: f.names for f in (FORWARD, BACKWARD)}    # read by info, bench
 
@@ -69,21 +69,21 @@ KNOBS = {f.env: f.names for f in (FORWARD, BACKWARD)}    # read by info, bench
 def forward_version(q, k, v, kernel=None) -> str:
     """The forward version that runs for these tensors (:meth:`FORWARD.pick <Family.pick>`): "v1",
     or "v4" where ``kernel`` or ``FLASHLIB_TRITON_FWD`` asks for it and
-    :func:`flashlib.kernels.triton.fa2_fwd_tma.supported` accepts them.
+    :func:`flashlib.kernels.triton.fa2_fwd_v4_tma.supported` accepts them.
 
     Explained in: notebooks/07_triton.
-    Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
+    Tested in: tests/kernels/triton/test_triton_fa2_fwd_v4_tma.py.
     """
     return FORWARD.pick(kernel, q, k, v).name
 
 
 def backward_version(q, k, v, do, kernel=None) -> str:
-    """The backward that runs: "v2" (fa2_bwd), or "v5" (its dK/dV kernel through tensor descriptors,
-    :mod:`flashlib.kernels.triton.fa2_bwd_tma`) where ``kernel`` or ``FLASHLIB_TRITON_BWD`` asks for it
-    and :func:`flashlib.kernels.triton.fa2_fwd_tma.supported` accepts q, k, v and do.
+    """The backward that runs: "v2" (fa2_bwd_v2), or "v5" (its dK/dV kernel through tensor descriptors,
+    :mod:`flashlib.kernels.triton.fa2_bwd_v5_tma`) where ``kernel`` or ``FLASHLIB_TRITON_BWD`` asks for it
+    and :func:`flashlib.kernels.triton.fa2_fwd_v4_tma.supported` accepts q, k, v and do.
 
     Explained in: notebooks/07_triton.
-    Tested in: tests/kernels/triton/test_triton_fa2_bwd_tma.py.
+    Tested in: tests/kernels/triton/test_triton_fa2_bwd_v5_tma.py.
     """
     return BACKWARD.pick(kernel, q, k, v, do).name
 
@@ -142,20 +142,20 @@ class _OnDevice:
 
 
 def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None), kernel=None):
-    """Backend.forward: :func:`flashlib.kernels.triton.fa2_fwd.forward` with version 1's spec or
+    """Backend.forward: :func:`flashlib.kernels.triton.fa2_fwd_v1.forward` with version 1's spec or
     version 4's (:data:`FORWARD`, ``kernel`` or the environment's default).
     Explained in: notebooks/07_triton."""
     kernels = _kernels()
     q, k, v = _last_dim_contiguous(q, k, v)
     BACKWARD.check_env()                 # a bad backward default fails before the forward runs
-    spec = kernels.fa2_fwd_tma.SPEC if FORWARD.pick(kernel, q, k, v).name == "v4" else kernels.fa2_fwd.SPEC
+    spec = kernels.fa2_fwd_v4_tma.SPEC if FORWARD.pick(kernel, q, k, v).name == "v4" else kernels.fa2_fwd_v1.SPEC
     with _OnDevice(q):
-        return kernels.fa2_fwd.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
+        return kernels.fa2_fwd_v1.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
                                        config=_config(blocks), spec=spec)
 
 
 def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None), kernel=None):
-    """Backend.backward: :func:`flashlib.kernels.triton.fa2_bwd.backward`, with version 5's dK/dV
+    """Backend.backward: :func:`flashlib.kernels.triton.fa2_bwd_v2.backward`, with version 5's dK/dV
     kernel where :data:`BACKWARD` picks it (``kernel`` or the environment's default).
     Explained in: notebooks/07_triton."""
     kernels = _kernels()
@@ -163,16 +163,16 @@ def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(No
     cfg = _config(blocks)                         # dK/dV: key block = block_k, query step = block_q
     tma = BACKWARD.pick(kernel, q, k, v, do).name == "v5"
     with _OnDevice(q):
-        return kernels.fa2_bwd.backward(
+        return kernels.fa2_bwd_v2.backward(
             q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32, config_dkdv=cfg,
-            config_dq=cfg, dkdv_spec=kernels.fa2_bwd_tma.DKDV_SPEC if tma else kernels.fa2_bwd.DKDV_SPEC)
+            config_dq=cfg, dkdv_spec=kernels.fa2_bwd_v5_tma.DKDV_SPEC if tma else kernels.fa2_bwd_v2.DKDV_SPEC)
 
 
 MIN_DECODE_BLOCK_N = 16      # the smallest key block of a decode config (tl.dot needs >= 16)
 
 
 def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale, kernel=None):
-    """Backend.decode: :func:`flashlib.kernels.triton.decode.decode` (split-KV, then combine);
+    """Backend.decode: :func:`flashlib.kernels.triton.decode_v3.decode` (split-KV, then combine);
     ``cache_seqlens`` None reaches the kernel as None (no lengths tensor is made). int64 lengths are
     clamped into ``[0, Nmax]`` in 64 bits on their device (no read-back) before they become the
     kernel's int32: 2**32 + 3 means Nmax, not 3. The kernel's splits are whole key blocks

@@ -1,7 +1,7 @@
 """Kernel versions: one table per backend and role (forward, backward, decode), and one way to pick.
 
 A :class:`Variant` is one kernel version, named as in its file name ("v1" for ``fa2_fwd_v1_scalar.cu``
-or ``fa2_fwd.py``, the Triton kernels' version 1), with ``supported(q, k, v[, do])``: None where it runs
+or ``fa2_fwd_v1.py``, the Triton kernels' version 1), with ``supported(q, k, v[, do])``: None where it runs
 these tensors, else why not. A :class:`Family` is a backend's table for one role, with its preference
 order and the environment variable that sets its default. :meth:`Family.pick` chooses, the same way
 for Triton and CUDA:

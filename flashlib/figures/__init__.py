@@ -335,7 +335,7 @@ def _key_blocks(q0: int, q1: int, nq: int, nk: int, block_n: int, causal: bool) 
 
 def program_grid(B: int = 2, H: int = 2, nq: int = 1024, nk: int | None = None, *, config=None,
                  causal: bool = True) -> Figure:
-    """The programs of the Triton forward kernel (``fa2_fwd.grid``): one per (batch·head, query block)
+    """The programs of the Triton forward kernel (``fa2_fwd_v1.grid``): one per (batch·head, query block)
     on a flat axis, query block fastest, each cell labelled with its program id and coloured by the key
     blocks it loads (whole + masked; hidden causal blocks are skipped).
 
@@ -343,7 +343,7 @@ def program_grid(B: int = 2, H: int = 2, nq: int = 1024, nk: int | None = None, 
     Explained in: notebooks/07_triton.
     Tested in: tests/test_figures.py.
     """
-    from ..kernels.triton import configs, fa2_fwd, tables
+    from ..kernels.triton import configs, fa2_fwd_v1, tables
     B, H, nq = check_int(B, "B", 1, 8), check_int(H, "H", 1, 8), check_int(nq, "nq", 1)
     nk = nq if nk is None else check_int(nk, "nk", 1)
     causal = _flag("causal", causal)
@@ -355,7 +355,7 @@ def program_grid(B: int = 2, H: int = 2, nq: int = 1024, nk: int | None = None, 
     if n_blocks > 32:
         raise ValueError(f"nq / block_m must give at most 32 query blocks to draw, got {n_blocks} "
                          f"(nq={nq}, block_m={bm})")
-    programs = fa2_fwd.grid(B, H, nq, bm)[0]
+    programs = fa2_fwd_v1.grid(B, H, nq, bm)[0]
     per_block = [_key_blocks(i * bm, min((i + 1) * bm, nq), nq, nk, bn, causal) for i in range(n_blocks)]
     loads = np.tile([full + masked for full, masked in per_block], (B * H, 1))   # (B·H, query blocks)
     fig = Figure(figsize=(max(6.0, 0.75 * n_blocks + 2.5), 0.6 * B * H + 1.9), layout="constrained")

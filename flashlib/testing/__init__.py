@@ -273,7 +273,7 @@ def assert_attention_right(q, k, v, do, *, causal=False, o=None, lse=None, grads
     sums of 16-bit products) within 2e-2. Returns a one-line note; raises AssertionError naming the
     first quantity out of bounds. Explained in: notebooks/07_triton.
 
-    Tested in: tests/kernels/triton/test_triton_decode.py.
+    Tested in: tests/kernels/triton/test_triton_decode_v3.py.
     """
     import torch
     o_ref, lse_ref, g_ref = reference_gqa(q, k, v, causal=causal, do=do)

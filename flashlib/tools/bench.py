@@ -63,7 +63,7 @@ SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION
 # flashlib's rows: the backend each times. "flashlib-cuda" runs kernel v3 (mma.sync) for float16/bfloat16
 # and v1 for float32 (flashlib.kernels.cuda.pick_version), and the CUDA backward (fa2_bwd_v1_mma) where it
 # applies; where it does not (float32, d > 128) the backend's backward is Triton's, not timed twice.
-# "flashlib-tma" is backend "triton" with the TMA kernels (version 4, flashlib.kernels.triton.fa2_fwd_tma,
+# "flashlib-tma" is backend "triton" with the TMA kernels (version 4, flashlib.kernels.triton.fa2_fwd_v4_tma,
 # and version 5, fa2_bwd_tma's dK/dV in the backward); its decode is row "flashlib"'s kernel, not timed
 # twice.
 FLASHLIB_IMPLS = {"flashlib": "triton", "flashlib-tma": "triton", "flashlib-cuda": "cuda"}
@@ -289,8 +289,8 @@ def _refusals(name) -> tuple:
 def _tma_refusal(q, k, v, do) -> str | None:
     """Why the TMA kernels do not take these tensors (row "flashlib-tma" then times nothing: never
     versions 1 and 2 under its name), or None."""
-    from ..kernels.triton import fa2_fwd_tma
-    why = fa2_fwd_tma.supported(q, k, v, do)
+    from ..kernels.triton import fa2_fwd_v4_tma
+    why = fa2_fwd_v4_tma.supported(q, k, v, do)
     return None if why is None else f"{TMA_REFUSED}: {why}"[:_WHY_MAX]
 
 
@@ -400,7 +400,7 @@ def run(ns=DEFAULT_NS, *, batch=4, heads=16, kv_heads=None, head_dim=128, dtype=
     :data:`CUDA_NO_BACKWARD`). "flashlib-tma" never has a decode time (:data:`TMA_NO_DECODE`: the
     kernel is row "flashlib"'s), and no time at all where the TMA kernels do not take the tensors
     (float32, a head dim that is not a multiple of 8: the reason of
-    flashlib.kernels.triton.fa2_fwd_tma.supported; versions 1 and 2 are never timed in their place). Each
+    flashlib.kernels.triton.fa2_fwd_v4_tma.supported; versions 1 and 2 are never timed in their place). Each
     Triton row sets ``FLASHLIB_TRITON_FWD`` and ``FLASHLIB_TRITON_BWD`` around its own calls only
     (:data:`TRITON_KERNELS`, :func:`triton_kernels`). With GQA, each SDPA backend that takes SDPA's
     ``enable_gqa`` reads K and V as flashlib does; one that does not gets them expanded to H heads

@@ -30,7 +30,7 @@ Other backends add rows by appending a producer ``f(archs) -> list[dict]`` to :d
 (e.g. ``backend="cuda"`` rows from nvcc ``--resource-usage``, which name the kernel version — v1, v2,
 v3 — and add ``ldsm_instructions``/``ldgsts_instructions``); each row has the keys of :data:`KEYS`.
 Triton rows add ``tma_instructions``: the TMA copies (UTMALDG, UTMASTG) in the SASS, which only the TMA
-kernels (tensor descriptors: fa2_fwd_tma, fa2_bwd_tma) have, and only on sm_90.
+kernels (tensor descriptors: fa2_fwd_v4_tma, fa2_bwd_v5_tma) have, and only on sm_90.
 
 Explained in: notebooks/07_triton.
 """
@@ -101,7 +101,7 @@ REPORT_DTYPES = ("fp16", "fp32")                   # the default report: bf16 on
 ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 TORCH_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 MATRIX_HEAD_DIMS = (64, 128, 256)                  # the version matrix: every table's head-dim classes
-# The TMA kernels' inputs: fa2_fwd_tma.supported refuses any other dtype (fp32 runs versions 1 and 2), so the
+# The TMA kernels' inputs: fa2_fwd_v4_tma.supported refuses any other dtype (fp32 runs versions 1 and 2), so the
 # version matrix compiles no fp32 TMA kernel (its row would stand for nothing flashlib launches).
 TMA_DTYPES = ("fp16", "bf16")
 
@@ -112,9 +112,9 @@ def triton_specs() -> tuple:
     Explained in: notebooks/appendix_verification.
     Tested in: tests/tools/test_compile_report.py.
     """
-    from ..kernels.triton import decode, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma
-    return (fa2_fwd.SPEC, fa2_fwd_tma.SPEC, fa2_bwd.PREPROCESS_SPEC, fa2_bwd.DKDV_SPEC, fa2_bwd_tma.DKDV_SPEC,
-            fa2_bwd.DQ_SPEC,
+    from ..kernels.triton import decode_v3 as decode, fa2_bwd_v2, fa2_bwd_v5_tma, fa2_fwd_v1, fa2_fwd_v4_tma
+    return (fa2_fwd_v1.SPEC, fa2_fwd_v4_tma.SPEC, fa2_bwd_v2.PREPROCESS_SPEC, fa2_bwd_v2.DKDV_SPEC, fa2_bwd_v5_tma.DKDV_SPEC,
+            fa2_bwd_v2.DQ_SPEC,
             decode.SPLIT_SPEC, decode.COMBINE_SPEC)
 
 
@@ -221,7 +221,7 @@ def _triton_jobs(arch: str, dtype: str = "fp16", version=None) -> list[tuple]:
     """``[(KernelSpec, signature, constexprs, config)]``: every Triton kernel as its spec describes it
     (flashlib.kernels.triton.spec), with the config ``configs`` picks for ``arch`` (or its fixed one), at
     d = :data:`REPORT_HEAD_DIM`; the TMA kernels only with a Triton that has tensor descriptors."""
-    from ..kernels.triton import configs, decode, versions
+    from ..kernels.triton import configs, decode_v3 as decode, versions
     version = _version(version)
     jobs = []
     for s in triton_specs():

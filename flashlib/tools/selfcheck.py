@@ -131,7 +131,7 @@ def _triton_version(variable: str) -> str:
         return f"{exc}: backend='triton' will refuse"
     if chosen is default:
         return f"{default.name} ({variable})"
-    return f"{chosen.name} ({variable}) wherever fa2_fwd_tma.supported agrees, else {default.name}"
+    return f"{chosen.name} ({variable}) wherever fa2_fwd_v4_tma.supported agrees, else {default.name}"
 
 
 def format_info(d: dict) -> str:

@@ -42,7 +42,7 @@ def installed_version() -> str | None:
 
 
 def _check(version) -> str:
-    from ..kernels.triton import versions               # pure Python: imports no triton
+    from ..kernels.triton import versions# pure Python: imports no triton
     if not isinstance(version, str):
         raise TypeError(f"version must be a str like '3.2.0', got {type(version).__name__} {version!r}")
     try:

@@ -75,7 +75,7 @@ def test_every_backend_names_its_versions_as_its_files_do():
     for family in BACKENDS["cuda"].kernels.values():
         for v in family.variants:
             assert v.summary.split(":")[0] in csrc and f"_{v.name}_" in v.summary.split(":")[0] + "_" or \
-                v.summary.startswith("decode_splitkv.cu"), v
+                v.summary.startswith("decode_v1_splitkv.cu"), v
     assert [f.names for f in BACKENDS["triton"].kernels.values()] == [("v1", "v4"), ("v2", "v5"), ("v3",)]
 
 

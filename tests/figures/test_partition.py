@@ -13,7 +13,7 @@ need_module("matplotlib")
 from matplotlib.figure import Figure  # noqa: E402
 
 from flashlib import IOCounter, figures  # noqa: E402
-from flashlib.kernels.triton import configs, tables  # noqa: E402
+from flashlib.kernels.triton import configs, tables# noqa: E402
 from flashlib.ladder import fa2  # noqa: E402
 from flashlib.ladder.masks import block_hidden  # noqa: E402
 from flashlib.testing import random_qkv  # noqa: E402

@@ -14,13 +14,13 @@ import torch
 
 import flashlib
 from flashlib.tools import compile_report as fi
-from flashlib.kernels.triton import configs, decode, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma, versions
+from flashlib.kernels.triton import configs, decode_v3 as decode, fa2_bwd_v2, fa2_bwd_v5_tma, fa2_fwd_v1, fa2_fwd_v4_tma, versions
 
 DEVICE = torch.device("cuda")
 TMA_OK = versions.has_tensor_descriptors()      # the TMA kernels exist from triton 3.4 on (chosen here)
-KERNELS = {"fa2_fwd": fa2_fwd._fwd_kernel, "fa2_bwd_dkdv": fa2_bwd._bwd_dkdv, "fa2_bwd_dq": fa2_bwd._bwd_dq,
+KERNELS = {"fa2_fwd": fa2_fwd_v1._fwd_kernel, "fa2_bwd_dkdv": fa2_bwd_v2._bwd_dkdv, "fa2_bwd_dq": fa2_bwd_v2._bwd_dq,
            "decode_split": decode._split_kernel,
-           **({"fa2_fwd_tma": fa2_fwd_tma._fwd_tma_kernel, "fa2_bwd_dkdv_tma": fa2_bwd_tma._bwd_dkdv_tma}
+           **({"fa2_fwd_tma": fa2_fwd_v4_tma._fwd_tma_kernel, "fa2_bwd_dkdv_tma": fa2_bwd_v5_tma._bwd_dkdv_tma}
               if TMA_OK else {})}
 
 
@@ -44,8 +44,8 @@ def compiled():
     o.backward(torch.randn_like(o))
     qd, kd, vd = q.detach(), k.detach(), v.detach()
     if TMA_OK:
-        o2, lse2 = fa2_fwd_tma.forward(qd, kd, vd, causal=True, scale=128 ** -0.5)     # the TMA kernels
-        fa2_bwd_tma.backward(qd, kd, vd, o2, lse2, torch.randn_like(o2), causal=True, scale=128 ** -0.5)
+        o2, lse2 = fa2_fwd_v4_tma.forward(qd, kd, vd, causal=True, scale=128 ** -0.5)     # the TMA kernels
+        fa2_bwd_v5_tma.backward(qd, kd, vd, o2, lse2, torch.randn_like(o2), causal=True, scale=128 ** -0.5)
     kc, vc = (torch.randn(2, 3, 2001, 128, generator=g).to(DEVICE, torch.float16) for _ in range(2))
     lens = torch.tensor([2001, 999], device=DEVICE, dtype=torch.int32)     # SEQLENS is a pointer, as reported
     flashlib.decode(q[:, :, :1].detach(), kc, vc, cache_seqlens=lens, backend="triton")

@@ -49,8 +49,8 @@ def run(backend, q, k, v, causal):
         from flashlib.kernels import cuda
         return cuda.forward(q, k, v, causal=causal, version="v2")
     if backend == "triton-tma":
-        from flashlib.kernels.triton import fa2_fwd_tma
-        return fa2_fwd_tma.forward(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5)
+        from flashlib.kernels.triton import fa2_fwd_v4_tma
+        return fa2_fwd_v4_tma.forward(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5)
     return flashlib.attention(q, k, v, causal=causal, return_lse=True, backend=backend)
 
 

@@ -1,4 +1,4 @@
-"""GPU tier: flashlib/triton's kernels (fa2_fwd, fa2_fwd_tma, fa2_bwd, fa2_bwd_tma, decode, configs) compiled,
+"""GPU tier: flashlib/triton's kernels (fa2_fwd_v1, fa2_fwd_v4_tma, fa2_bwd_v2, fa2_bwd_v5_tma, decode, configs) compiled,
 on CUDA tensors.
 
 What the interpreter cannot show: the real kernel configs (N ~ 1000, d = 128 reach them; 40 tokens
@@ -8,7 +8,7 @@ dK/dV config class that was wrong and non-deterministic while every CPU test pas
 fp32 tightly against the float64 oracle, fp16/bf16 under FlashAttention's rule (2x a plain same-dtype
 implementation, 3x for gradients), adversarial shapes. The TMA kernels (tensor descriptors, TMA on sm_90,
 which the interpreter only emulates) get the same checks at the head dims they take: the TMA forward
-(version 4, fa2_fwd_tma's spec in fa2_fwd.forward) named with kernel=("v4", "v2") with the backward, and
+(version 4, fa2_fwd_tma's spec in fa2_fwd_v1.forward) named with kernel=("v4", "v2") with the backward, and
 against version 1 on the same inputs; the TMA dK/dV (version 5: fa2_bwd_tma's dK/dV spec in version 2's
 backward) named with kernel=("v1", "v5"), bit for bit deterministic, and against version 2's gradients
 on the same inputs.
@@ -23,7 +23,7 @@ from flashlib.testing import (assert_attention_right, assert_close, assert_fa_ru
                               reference_gqa)
 from flashlib.backends import triton as triton_backend
 from flashlib.hardware import kernel_dtypes
-from flashlib.kernels.triton import configs, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma, versions
+from flashlib.kernels.triton import configs, fa2_bwd_v2, fa2_bwd_v5_tma, fa2_fwd_v1, fa2_fwd_v4_tma, versions
 from flashlib.kernels.triton.configs import Config
 from triton_cases import TABLE_SPECS, case_id, make_qkv, run_triton  # tests/triton_cases.py, shared with tests/kernels/triton
 
@@ -42,7 +42,7 @@ FLOOR = 1e-5
 
 
 def spy_on_spec(monkeypatch, module, name, keyword, spec):
-    """Wrap ``module.name`` (a launcher the backend calls, e.g. fa2_fwd.forward) so that it records the
+    """Wrap ``module.name`` (a launcher the backend calls, e.g. fa2_fwd_v1.forward) so that it records the
     shape of q at each call whose ``keyword`` argument is ``spec`` (the TMA spec), and runs as before."""
     calls, real = [], getattr(module, name)
 
@@ -111,15 +111,15 @@ def test_backward_is_bitwise_deterministic_and_right_at_real_sizes(case, dtype):
 @pytest.mark.parametrize("kernel", ["bwd_dkdv", "bwd_dq"] + (["bwd_dkdv_tma"] if TMA_OK else []))
 def test_every_backward_candidate_of_this_gpu_is_right_and_deterministic(kernel):
     """Not only the first choice: every config the table may fall back to, forced one at a time (the
-    TMA dK/dV, fa2_bwd_tma, reads the dK/dV table too)."""
+    TMA dK/dV, fa2_bwd_v5_tma, reads the dK/dV table too)."""
     arch = configs.device_arch(DEVICE)
     q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, torch.float16, seed=5, device=DEVICE)
-    o, lse = fa2_fwd.forward(q, k, v, causal=True, scale=128 ** -0.5)
+    o, lse = fa2_fwd_v1.forward(q, k, v, causal=True, scale=128 ** -0.5)
     o_ref, _, g_ref = reference_gqa(q, k, v, causal=True, do=do)
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     base = torch.autograd.grad(plain_torch_attention(*leaves, causal=True), leaves, do)
     tma = kernel == "bwd_dkdv_tma"
-    spec, backward = (fa2_bwd_tma.DKDV_SPEC, fa2_bwd_tma.backward) if tma else (TABLE_SPECS[kernel], fa2_bwd.backward)
+    spec, backward = (fa2_bwd_v5_tma.DKDV_SPEC, fa2_bwd_v5_tma.backward) if tma else (TABLE_SPECS[kernel], fa2_bwd_v2.backward)
     tried = 0
     for cfg in configs.arch_candidates(spec, arch, 128, 2):
         kw = {"config_dq" if kernel == "bwd_dq" else "config_dkdv": cfg}
@@ -137,12 +137,12 @@ def test_every_backward_candidate_of_this_gpu_is_right_and_deterministic(kernel)
     assert tried > 0
 
 
-@pytest.mark.parametrize("backward", [fa2_bwd.backward] + ([fa2_bwd_tma.backward] if TMA_OK else []),
+@pytest.mark.parametrize("backward", [fa2_bwd_v2.backward] + ([fa2_bwd_v5_tma.backward] if TMA_OK else []),
                          ids=["version2", "tma_dkdv"][:1 + TMA_OK])
 def test_a_config_of_the_class_shown_wrong_is_run_safely(backward):
     """A caller asking for the bad class (flashlib.attention's block_q/block_k) gets its safe twin."""
     q, k, v, do = make_qkv(2, 8, 2, 1000, 1037, 128, torch.float16, seed=6, device=DEVICE)
-    o, lse = fa2_fwd.forward(q, k, v, causal=False, scale=128 ** -0.5)
+    o, lse = fa2_fwd_v1.forward(q, k, v, causal=False, scale=128 ** -0.5)
     bad = Config(16, 64, 4, 2)
     assert configs.hazard("bwd_dkdv", bad)
     grads = [backward(q, k, v, o, lse, do, causal=False, scale=128 ** -0.5, config_dkdv=bad)
@@ -166,8 +166,8 @@ TMA_CASES = [
 
 def tma_forward(q, k, v, causal, **kw):
     """The TMA forward called directly (never version 1 in its place: it refuses what it cannot take)."""
-    assert fa2_fwd_tma.supported(q, k, v) is None
-    return fa2_fwd_tma.forward(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5, **kw)
+    assert fa2_fwd_v4_tma.supported(q, k, v) is None
+    return fa2_fwd_v4_tma.forward(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5, **kw)
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda t: str(t)[6:])
@@ -179,7 +179,7 @@ def test_tma_forward_matches_the_oracle_and_version_1(case, dtype):
     q, k, v, do = make_qkv(*shape, dtype=dtype, seed=sum(shape) + 1, device=DEVICE)
     o, lse = tma_forward(q, k, v, causal)
     assert_attention_right(q, k, v, do, causal=causal, o=o, lse=lse, floor=FLOOR)
-    o1, lse1 = fa2_fwd.forward(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5)
+    o1, lse1 = fa2_fwd_v1.forward(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5)
     o_ref, _ = reference_gqa(q, k, v, causal=causal)
     assert_fa_rule(o, o1, o_ref, factor=2.0, floor=FLOOR, name="o (the TMA forward against version 1)")
     assert_close(lse, lse1, atol=1e-3, rtol=1e-3, name="lse (the TMA forward against version 1)")
@@ -202,7 +202,7 @@ def test_every_forward_candidate_of_this_gpu_runs_the_tma_forward_right(dtype):
     o_ref, lse_ref = reference_gqa(q, k, v, causal=True)
     base = plain_torch_attention(q, k, v, causal=True)
     tried = 0
-    for cfg in configs.arch_candidates(fa2_fwd_tma.SPEC, arch, 128, 2):
+    for cfg in configs.arch_candidates(fa2_fwd_v4_tma.SPEC, arch, 128, 2):
         try:
             o, lse = tma_forward(q, k, v, True, config=cfg)
         except Exception as e:           # too big for this GPU: KernelSpec.launch would try the next
@@ -219,13 +219,13 @@ def test_every_forward_candidate_of_this_gpu_runs_the_tma_forward_right(dtype):
 @pytest.mark.parametrize("case", [(2, 8, 2, 1000, 1037, 128, True), (1, 8, 8, 1031, 1031, 128, False)],
                          ids=case_id)
 def test_backward_after_the_tma_forward_is_right_and_bitwise_deterministic(case, dtype, monkeypatch):
-    """flashlib.attention with kernel=("v4", "v2"): the TMA forward (fa2_fwd.forward with
-    fa2_fwd_tma.SPEC; a spy counts its calls) saves the o and lse version 2's backward reads; gradients
+    """flashlib.attention with kernel=("v4", "v2"): the TMA forward (fa2_fwd_v1.forward with
+    fa2_fwd_v4_tma.SPEC; a spy counts its calls) saves the o and lse version 2's backward reads; gradients
     right and equal bit for bit."""
     *shape, causal = case
     q, k, v, do = make_qkv(*shape, dtype=dtype, seed=15, device=DEVICE)
-    assert fa2_fwd_tma.supported(q, k, v, do) is None
-    calls = spy_on_spec(monkeypatch, fa2_fwd, "forward", "spec", fa2_fwd_tma.SPEC)
+    assert fa2_fwd_v4_tma.supported(q, k, v, do) is None
+    calls = spy_on_spec(monkeypatch, fa2_fwd_v1, "forward", "spec", fa2_fwd_v4_tma.SPEC)
     first = run_triton(q, k, v, do, causal, kernel=("v4", "v2"))
     again = run_triton(q, k, v, do, causal, kernel=("v4", "v2"))
     assert calls == [tuple(q.shape)] * 2, "kernel='v4' did not run the TMA forward"
@@ -264,9 +264,9 @@ TMA_DKDV = ("v1", "v5")      # kernel=: version 1's forward, version 2's backwar
 
 @pytest.fixture
 def tma_dkdv(monkeypatch):
-    """A spy that records the shape of q at each fa2_bwd.backward call with the TMA dK/dV
-    (dkdv_spec=fa2_bwd_tma.DKDV_SPEC): the tests run flashlib.attention with kernel=TMA_DKDV."""
-    return spy_on_spec(monkeypatch, fa2_bwd, "backward", "dkdv_spec", fa2_bwd_tma.DKDV_SPEC)
+    """A spy that records the shape of q at each fa2_bwd_v2.backward call with the TMA dK/dV
+    (dkdv_spec=fa2_bwd_v5_tma.DKDV_SPEC): the tests run flashlib.attention with kernel=TMA_DKDV."""
+    return spy_on_spec(monkeypatch, fa2_bwd_v2, "backward", "dkdv_spec", fa2_bwd_v5_tma.DKDV_SPEC)
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda t: str(t)[6:])
@@ -277,7 +277,7 @@ def test_tma_dkdv_gradients_match_the_oracle(case, dtype, tma_dkdv):
     causal rows that see nothing, d from 40 to 256, and the real configs (N ~ 1000, d = 128)."""
     *shape, causal = case
     q, k, v, do = make_qkv(*shape, dtype=dtype, seed=sum(shape) + 2, device=DEVICE)
-    assert fa2_fwd_tma.supported(q, k, v, do) is None
+    assert fa2_fwd_v4_tma.supported(q, k, v, do) is None
     got = run_triton(q, k, v, do, causal, kernel=TMA_DKDV)
     assert tma_dkdv == [tuple(q.shape)], "kernel=('v1', 'v5') did not run the TMA dK/dV"
     check_against_oracle(q, k, v, do, causal, got)
@@ -303,7 +303,7 @@ def test_tma_dkdv_is_bitwise_deterministic_and_right_against_version_2(case, dty
         assert torch.equal(a, b), f"{name} differs between identical backward calls (the TMA dK/dV)"
     check_against_oracle(q, k, v, do, causal, first)
     o, lse, grads = first
-    v2 = fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=q.shape[-1] ** -0.5)
+    v2 = fa2_bwd_v2.backward(q, k, v, o, lse, do, causal=causal, scale=q.shape[-1] ** -0.5)
     _, _, g_ref = reference_gqa(q, k, v, causal=causal, do=do)
     for name, a, b, r in zip(("dq", "dk", "dv"), grads, v2, g_ref):
         assert_fa_rule(a, b, r, factor=3.0, floor=FLOOR, name=f"{name} (the TMA dK/dV against version 2)")
@@ -414,7 +414,7 @@ if not TMA_OK:
         q, k, v, do = make_qkv(1, 4, 2, 300, 333, 64, torch.float16, seed=10, device=DEVICE)
         assert triton_backend.forward_version(q, k, v) == "v1"
         assert triton_backend.backward_version(q, k, v, do) == "v2"
-        assert fa2_fwd_tma.supported(q, k, v) is not None
+        assert fa2_fwd_v4_tma.supported(q, k, v) is not None
         check_against_oracle(q, k, v, do, True, run_triton(q, k, v, do, True))
         for kernel in ("v4", ("v1", "v5")):
             with pytest.raises(ValueError, match="cannot run these inputs: triton"):

@@ -148,27 +148,27 @@ VARIABLES = ("FLASHLIB_TRITON_FWD", "FLASHLIB_TRITON_BWD")
 
 
 def _spy_on_kernels(monkeypatch):
-    """Replace the Triton backend's forward launcher (fa2_fwd.forward, which runs version 1 or, with
-    spec=fa2_fwd_tma.SPEC, the TMA forward, version 4) and its backward (fa2_bwd.backward, which runs
-    version 2 or, with dkdv_spec=fa2_bwd_tma.DKDV_SPEC, version 5's dK/dV) by spies that run the real
+    """Replace the Triton backend's forward launcher (fa2_fwd_v1.forward, which runs version 1 or, with
+    spec=fa2_fwd_v4_tma.SPEC, the TMA forward, version 4) and its backward (fa2_bwd_v2.backward, which runs
+    version 2 or, with dkdv_spec=fa2_bwd_v5_tma.DKDV_SPEC, version 5's dK/dV) by spies that run the real
     kernels and record ``(kernel, (FLASHLIB_TRITON_FWD, FLASHLIB_TRITON_BWD) at the call)``: kernel "v1"
     or "tma" for a forward (by the spec launched), the dK/dV kernel's name for a backward. Returns the
     record."""
-    from flashlib.kernels.triton import fa2_bwd, fa2_fwd, fa2_fwd_tma
+    from flashlib.kernels.triton import fa2_bwd_v2, fa2_fwd_v1, fa2_fwd_v4_tma
     calls = []
 
     def env():
         return tuple(os.environ.get(variable) for variable in VARIABLES)
 
-    def forward(*args, _real=fa2_fwd.forward, **kwargs):
-        calls.append(("tma" if kwargs.get("spec") is fa2_fwd_tma.SPEC else "v1", env()))
+    def forward(*args, _real=fa2_fwd_v1.forward, **kwargs):
+        calls.append(("tma" if kwargs.get("spec") is fa2_fwd_v4_tma.SPEC else "v1", env()))
         return _real(*args, **kwargs)
-    monkeypatch.setattr(fa2_fwd, "forward", forward)
+    monkeypatch.setattr(fa2_fwd_v1, "forward", forward)
 
-    def backward(*args, _real=fa2_bwd.backward, **kwargs):
-        calls.append((kwargs.get("dkdv_spec", fa2_bwd.DKDV_SPEC).name, env()))
+    def backward(*args, _real=fa2_bwd_v2.backward, **kwargs):
+        calls.append((kwargs.get("dkdv_spec", fa2_bwd_v2.DKDV_SPEC).name, env()))
         return _real(*args, **kwargs)
-    monkeypatch.setattr(fa2_bwd, "backward", backward)
+    monkeypatch.setattr(fa2_bwd_v2, "backward", backward)
     return calls
 
 

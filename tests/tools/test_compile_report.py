@@ -20,7 +20,7 @@ from flashlib.hardware import ARCH_SMEM_LIMIT
 MATMUL_KERNELS = {"fa2_fwd", "fa2_fwd_tma", "fa2_bwd_dkdv", "fa2_bwd_dkdv_tma", "fa2_bwd_dq", "decode_split"}
 # The one allowed spill: sm_90's dK/dV tile (M64-N64-w4-s2) is the fastest measured right on a real
 # H100 (notebooks/appendix_verification); triton 3.9 spills 216 bytes for it when cross-compiling here
-# (276 before the offsets became 64-bit). The TMA dK/dV (fa2_bwd_tma.py) at the same tile spills 8 bytes.
+# (276 before the offsets became 64-bit). The TMA dK/dV (fa2_bwd_v5_tma.py) at the same tile spills 8 bytes.
 SPILL_ALLOWED = {("fa2_bwd_dkdv", "sm_90"): 512, ("fa2_bwd_dkdv_tma", "sm_90"): 16}
 
 
@@ -229,7 +229,7 @@ def test_the_report_compiles_each_triton_kernel_as_its_spec_says(arch):
 
 @pytest.mark.parametrize("version", [versions.PINNED, "3.6.0"])
 def test_the_matrix_compiles_tma_kernels_only_for_the_dtypes_they_run(version):
-    """No compiles: fa2_fwd_tma.supported refuses every dtype but fp16/bf16 (fp32 runs versions 1 and 2),
+    """No compiles: fa2_fwd_v4_tma.supported refuses every dtype but fp16/bf16 (fp32 runs versions 1 and 2),
     so the version matrix makes no fp32 TMA job on sm_90, and the 16-bit ones make them there only."""
     require_module("triton")
     tma = {"fa2_fwd_tma", "fa2_bwd_dkdv_tma"}
@@ -240,9 +240,9 @@ def test_the_matrix_compiles_tma_kernels_only_for_the_dtypes_they_run(version):
         assert (kernels >= tma) if dtype in fi.TMA_DTYPES else not kernels & tma, (dtype, kernels)
         assert not {j["kernel"] for j in fi.matrix_jobs(version, "sm_80", dtype)} & tma
     import torch
-    from flashlib.kernels.triton import fa2_fwd_tma
+    from flashlib.kernels.triton import fa2_fwd_v4_tma
     q = torch.zeros(1, 1, 16, 64)
-    assert "float16 or bfloat16" in fa2_fwd_tma.supported(q, q, q)       # what the dtype rule stands on
+    assert "float16 or bfloat16" in fa2_fwd_v4_tma.supported(q, q, q)       # what the dtype rule stands on
 
 
 def test_a_constexpr_the_report_has_no_value_for_is_named(monkeypatch):

@@ -201,7 +201,7 @@ def test_parse_ptxas():
     assert toolchain.parse_ptxas("ptxas info    : 0 bytes gmem\n") == {}
 
 
-# cuobjdump -sass, trimmed: Triton's fa2_fwd for sm_90, flashlib's v2 for sm_80, a kernel without MMA
+# cuobjdump -sass, trimmed: Triton's fa2_fwd_v1 for sm_90, flashlib's v2 for sm_80, a kernel without MMA
 SASS = """
 \t\tFunction : _fwd_kernel
 \t.headerflags\t@"EF_CUDA_ACCELERATORS EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"

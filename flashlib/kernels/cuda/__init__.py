@@ -7,7 +7,7 @@ changed, where the idea comes from, its limits and how to run it):
 * ``fa2_fwd_v2_wmma.cu`` — v2, the same on tensor cores (WMMA 16x16x16, fp16, bf16 on sm_80+);
 * ``fa2_fwd_v3_mma.cu`` — v3, mma.sync/ldmatrix/cp.async as inline PTX (``ptx.h``), S, P and O in
   registers (fp16 on sm_75+, bf16 on sm_80+): what float16/bfloat16 run by default;
-* ``decode_splitkv.cu`` — Flash-Decoding: split-KV partial attention, then a combine kernel;
+* ``decode_v1_splitkv.cu`` — Flash-Decoding: split-KV partial attention, then a combine kernel;
 * ``fa2_bwd_v1_mma.cu`` — the backward (dQ, dK, dV) in v3's style, fp16/bf16, d <= 128.
 
 Entry points (what ``flashlib.attention(..., backend="cuda")`` and ``flashlib.decode`` call):
@@ -34,7 +34,7 @@ __all__ = ["forward", "backward", "backward_supported", "decode", "pick_version"
            "LaunchSpec", "EmulatorError", "build", "launch"]
 
 SOURCES = {"v1": "fa2_fwd_v1_scalar.cu", "v2": "fa2_fwd_v2_wmma.cu", "v3": "fa2_fwd_v3_mma.cu",
-           "decode": "decode_splitkv.cu", "bwd": "fa2_bwd_v1_mma.cu"}
+           "decode": "decode_v1_splitkv.cu", "bwd": "fa2_bwd_v1_mma.cu"}
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 _VERSION_DTYPES = {"v1": ("float32",), "v2": ("float16", "bfloat16"), "v3": ("float16", "bfloat16")}
 # The oldest GPU each version runs on, and for bfloat16 (major, minor); the emulator runs them all.

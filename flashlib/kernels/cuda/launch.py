@@ -41,7 +41,7 @@ SMEM_BUDGET = 48 * 1024
 # cannot drift from the .cu: keys per K/V tile in v1 and v2, threads per decode block.
 V1_BC = build.cu_constant("fa2_fwd_v1_scalar.cu", "V1_BC")
 V2_BC = build.cu_constant("fa2_fwd_v2_wmma.cu", "BC")
-DECODE_THREADS = build.cu_constant("decode_splitkv.cu", "THREADS")
+DECODE_THREADS = build.cu_constant("decode_v1_splitkv.cu", "THREADS")
 
 
 def _head_dims(source: str, prefix: str) -> tuple[int, ...]:
@@ -271,12 +271,12 @@ def decode_launch(b, h, hkv, nq, nmax, d, scale, causal, num_splits, dtype: str)
     """
     smem = (d + DECODE_THREADS // 32 * (d + 2)) * 4
     common = (("i32", b), ("i32", h), ("i32", hkv), ("i32", nq), ("i32", nmax), ("i32", d))
-    split = LaunchSpec("decode_splitkv.cu", f"decode_split_{dtype}", flat_grid(num_splits, h, b),
+    split = LaunchSpec("decode_v1_splitkv.cu", f"decode_split_{dtype}", flat_grid(num_splits, h, b),
                        (DECODE_THREADS, 1, 1), smem,
                        (("buf", "q"), ("buf", "k"), ("buf", "v"), ("buf", "seqlens"), ("buf", "o_parts"),
                         ("buf", "lse_parts"), *common, ("i32", num_splits), ("f32", scale), ("i32", int(causal))),
                        f"{dtype} d={d} splits={num_splits}")
-    combine = LaunchSpec("decode_splitkv.cu", f"decode_combine_{dtype}", flat_grid(nq, h, b),
+    combine = LaunchSpec("decode_v1_splitkv.cu", f"decode_combine_{dtype}", flat_grid(nq, h, b),
                          (DECODE_THREADS, 1, 1), 0,
                          (("buf", "o_parts"), ("buf", "lse_parts"), ("buf", "o"), ("buf", "lse"),
                           ("i32", b), ("i32", h), ("i32", nq), ("i32", d), ("i32", num_splits)),

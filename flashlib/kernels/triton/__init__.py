@@ -5,16 +5,16 @@ numbered versions (one table per role in :mod:`flashlib.backends.triton`; ``flas
 backend="triton", kernel="v4")`` or ``kernel=("v4", "v5")`` names them, ``FLASHLIB_TRITON_FWD`` and
 ``FLASHLIB_TRITON_BWD`` set the defaults):
 
-* version 1, :mod:`flashlib.kernels.triton.fa2_fwd` — FA2 forward (one program per query block and
+* version 1, :mod:`flashlib.kernels.triton.fa2_fwd_v1` — FA2 forward (one program per query block and
   batch·head), the default forward;
-* version 2, :mod:`flashlib.kernels.triton.fa2_bwd` — FA2 backward (D preprocess, dK/dV per key block,
+* version 2, :mod:`flashlib.kernels.triton.fa2_bwd_v2` — FA2 backward (D preprocess, dK/dV per key block,
   dQ per query block), the default backward;
-* version 3, :mod:`flashlib.kernels.triton.decode` — Flash-Decoding (split-KV partial attention, then an
+* version 3, :mod:`flashlib.kernels.triton.decode_v3` — Flash-Decoding (split-KV partial attention, then an
   LSE combine);
-* version 4, :mod:`flashlib.kernels.triton.fa2_fwd_tma` — version 1 through tensor descriptors (TMA on
-  sm_90), launched by version 1's ``fa2_fwd.forward`` with its own spec; opt-in (``kernel="v4"``,
+* version 4, :mod:`flashlib.kernels.triton.fa2_fwd_v4_tma` — version 1 through tensor descriptors (TMA on
+  sm_90), launched by version 1's ``fa2_fwd_v1.forward`` with its own spec; opt-in (``kernel="v4"``,
   or ``FLASHLIB_TRITON_FWD=v4``);
-* version 5, :mod:`flashlib.kernels.triton.fa2_bwd_tma` — version 2 with its dK/dV kernel through tensor
+* version 5, :mod:`flashlib.kernels.triton.fa2_bwd_v5_tma` — version 2 with its dK/dV kernel through tensor
   descriptors; opt-in (``kernel=(None, "v5")``, or ``FLASHLIB_TRITON_BWD=v5``);
 
 and what they share:
@@ -79,7 +79,7 @@ except ImportError as exc:  # pragma: no cover - exercised only where triton is 
     raise ImportError("flashlib.kernels.triton needs the `triton` package (Linux: pip install triton); "
                       "use backend='reference' without it") from exc
 
-from . import versions  # noqa: E402
+from . import versions# noqa: E402
 
 versions.check_supported()   # ImportError naming the version and the fix for a Triton older than 3.2
 

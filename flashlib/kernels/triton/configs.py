@@ -2,7 +2,7 @@
 #   architecture.
 # Changed from "one config for all" (Triton's tutorial): each kernel keeps a short ordered list of
 #   candidates per architecture beside its spec, from the largest tile down (a Tables:
-#   fa2_fwd.CONFIGS, fa2_bwd.DKDV_CONFIGS and DQ_CONFIGS, decode.SPLIT_CONFIGS;
+#   fa2_fwd_v1.CONFIGS, fa2_bwd_v2.DKDV_CONFIGS and DQ_CONFIGS, decode.SPLIT_CONFIGS;
 #   flashlib.kernels.triton.tables lays them out by architecture). The first whose shared-memory
 #   estimate fits the architecture's per-block limit (flashlib.hardware.ARCH_SMEM_LIMIT: T4 64 KB,
 #   sm_86/89 99 KB, A100 163 KB, H100 227 KB) is used, and KernelSpec.launch takes the next while
@@ -24,7 +24,7 @@
 #   candidates, the fp32 ones included, come from cross-compiles (no spills, shared memory that
 #   fits). The GPU tier forces each fp16 backward candidate of the GPU it runs on; fp32 tiles run
 #   there only as each kernel's first choice.
-# Run: pick_config(fa2_fwd.SPEC, q.device, block_d=128, elem_bytes=2); upcast_tiles("float16",
+# Run: pick_config(fa2_fwd_v1.SPEC, q.device, block_d=128, elem_bytes=2); upcast_tiles("float16",
 #   "sm_75", "3.3.1") -> True.
 """Per-architecture kernel configurations.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
@@ -80,7 +80,7 @@ KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "decode")
 @dataclass(frozen=True)
 class Tables:
     """One kernel's config candidates, largest tile first, written beside its KernelSpec (e.g.
-    ``fa2_fwd.CONFIGS``). ``sm80``: sm_80-sm_89 with 2-byte (fp16/bf16) tiles; ``sm90``: sm_90 (None:
+    ``fa2_fwd_v1.CONFIGS``). ``sm80``: sm_80-sm_89 with 2-byte (fp16/bf16) tiles; ``sm90``: sm_90 (None:
     sm80's); ``sm75``: the T4, where tl.dot runs on CUDA cores (FFMA): small tiles and 8 warps keep the
     fp32 partial products in registers. ``fp32`` (sm_80+), ``sm90_fp32`` (None: fp32's) and
     ``sm75_fp32``: tiles loaded as fp32 (fp32 inputs, or fp16 where :func:`upcast_tiles` says so), on
@@ -144,12 +144,12 @@ def safe(kernel: str, cfg: Config) -> Config:
 
 
 def _table_spec(kernel):
-    """``kernel`` checked: the KernelSpec of a kernel that has a config table (e.g. fa2_fwd.SPEC)."""
+    """``kernel`` checked: the KernelSpec of a kernel that has a config table (e.g. fa2_fwd_v1.SPEC)."""
     if getattr(kernel, "config", None) not in KERNELS or getattr(kernel, "tables", None) is None:
         got = (f"the spec of {kernel.name}, which has a fixed config" if hasattr(kernel, "fixed")
                else f"{type(kernel).__name__} {kernel!r}")
         raise TypeError(f"kernel must be the KernelSpec of a kernel with a config table {KERNELS} "
-                        f"(e.g. fa2_fwd.SPEC), got {got}")
+                        f"(e.g. fa2_fwd_v1.SPEC), got {got}")
     return kernel
 
 

@@ -360,7 +360,7 @@ def desc_2d(base, N, D, stride_n, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """A tensor descriptor of the (N, D) matrix at ``base`` with row stride
     ``stride_n``, read and written in (ROWS, BLOCK_D) tiles: rows past N and
     columns past D load as 0 and are never stored. On sm_90 its loads and
-    stores are TMA copies (the TMA kernels: fa2_fwd_tma, fa2_bwd_tma).
+    stores are TMA copies (the TMA kernels: fa2_fwd_v4_tma, fa2_bwd_v5_tma).
 
     Explained in: notebooks/07c_hopper."""
     return tl.make_tensor_descriptor(base, shape=[N, D], strides=[stride_n, 1],

@@ -20,7 +20,7 @@
 #   strides of some of them (stride_<x>b, stride_<x>h, stride_<x>n for pointer X), scalars,
 #   constexprs. Pointers are "in" (the inputs' dtype) and scalars "i32" unless `types` says "fp32"
 #   or "i32".
-# Run: fa2_fwd.SPEC.arg_names; fa2_fwd.SPEC.launch(None, Q=q, ...);
+# Run: fa2_fwd_v1.SPEC.arg_names; fa2_fwd_v1.SPEC.launch(None, Q=q, ...);
 #   flashlib.tools.compile_report.triton_specs() lists every kernel's spec.
 """KernelSpec: what a Triton kernel takes and how it is launched, for its launcher, configs and the
 compile report.  Explained in: notebooks/07_triton."""

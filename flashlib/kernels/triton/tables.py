@@ -1,5 +1,5 @@
 # tables.py — every Triton kernel's config candidates, by architecture: a view.
-# What it is: each kernel keeps its own candidates beside its spec (fa2_fwd.CONFIGS, fa2_bwd.DKDV_CONFIGS
+# What it is: each kernel keeps its own candidates beside its spec (fa2_fwd_v1.CONFIGS, fa2_bwd_v2.DKDV_CONFIGS
 #   and DQ_CONFIGS, decode.SPLIT_CONFIGS: configs.Tables); retuning a kernel is an edit of that one
 #   table. This module reads them back by architecture, for the compile report, the tests and the book,
 #   which compare the kernels on one GPU at a time.
@@ -12,12 +12,12 @@
 Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
-from . import decode, fa2_bwd, fa2_fwd
+from . import decode_v3 as decode, fa2_bwd_v2, fa2_fwd_v1
 
 __all__ = ["SPECS", "table", "CANDIDATES", "SM90", "SM75", "FP32", "SM90_FP32", "SM75_FP32", "INTERPRETER"]
 
 # The kernels with tables, in configs.KERNELS' order.
-SPECS = (fa2_fwd.SPEC, fa2_bwd.DKDV_SPEC, fa2_bwd.DQ_SPEC, decode.SPLIT_SPEC)
+SPECS = (fa2_fwd_v1.SPEC, fa2_bwd_v2.DKDV_SPEC, fa2_bwd_v2.DQ_SPEC, decode.SPLIT_SPEC)
 
 
 def table(arch: str, elem_bytes: int) -> dict[str, tuple]:

@@ -72,7 +72,7 @@ def test_a_grid_beyond_cudas_limit_is_a_value_error():
 @pytest.mark.parametrize("source, declaration, value", [
     ("fa2_fwd_v1_scalar.cu", "constexpr int V1_BC = ", lambda: launch.V1_BC),
     ("fa2_fwd_v2_wmma.cu", "constexpr int BC = ", lambda: launch.V2_BC),
-    ("decode_splitkv.cu", "constexpr int THREADS = ", lambda: launch.DECODE_THREADS)])
+    ("decode_v1_splitkv.cu", "constexpr int THREADS = ", lambda: launch.DECODE_THREADS)])
 def test_launch_uses_the_constants_the_sources_declare(source, declaration, value):
     text = (build.CSRC / source).read_text()
     assert f"{declaration}{value()};" in text
@@ -284,11 +284,11 @@ def test_gpu_module_falls_back_to_nvcc_saying_why(fake_cupy, monkeypatch, tmp_pa
     monkeypatch.setattr(toolkit, "find_include_dirs", lambda: found)
     built = _nvcc_on_path(monkeypatch, tmp_path)
     with pytest.warns(launch.CompileFallbackWarning) as warned:
-        launch._gpu_function("decode_splitkv.cu", "decode_split_f16")
-    assert built == [("decode_splitkv.cu", "sm_90")]
+        launch._gpu_function("decode_v1_splitkv.cu", "decode_split_f16")
+    assert built == [("decode_v1_splitkv.cu", "sm_90")]
     assert fake_cupy.modules[-1].path == str(tmp_path / "k.cubin")
     msg = str(warned[0].message)
-    assert "decode_splitkv.cu" in msg and "compiling it with nvcc (/opt/cuda/bin/nvcc) for sm_90 instead" in msg
+    assert "decode_v1_splitkv.cu" in msg and "compiling it with nvcc (/opt/cuda/bin/nvcc) for sm_90 instead" in msg
     if found is not None:                                  # what NVRTC failed with, by type and message
         exc = NVRTC_FAILURES[why]
         assert f"{type(exc).__name__}: {str(exc).splitlines()[0]}" in msg

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flashlib.kernels.triton  # noqa: F401  (fixes Triton's mode first: interpreter when no GPU)
-from flashlib.kernels.triton import configs, fa2_bwd, fa2_fwd, tables
+from flashlib.kernels.triton import configs, fa2_bwd_v2, fa2_fwd_v1, tables
 from flashlib.kernels.triton.configs import Config, Tables
 from flashlib.kernels.triton.spec import KernelSpec
 from triton_cases import TABLE_SPECS
@@ -25,8 +25,8 @@ def test_configs_fit_each_architecture(kernel, arch):
 
 
 def test_smaller_limit_prunes_to_smaller_tiles():
-    big = configs.arch_config(fa2_fwd.SPEC, "sm_90", 128, 2)
-    small = configs.arch_config(fa2_fwd.SPEC, "sm_86", 256, 4)
+    big = configs.arch_config(fa2_fwd_v1.SPEC, "sm_90", 128, 2)
+    small = configs.arch_config(fa2_fwd_v1.SPEC, "sm_86", 256, 4)
     assert small.block_m * small.block_n * small.num_stages < big.block_m * big.block_n * big.num_stages
 
 
@@ -104,8 +104,8 @@ def test_fp32_tables_are_the_ones_measured_and_fp16_keeps_its_own():
             assert all((arch, kernel, str(c)) in FP32_MEASURED for c in tables.table(arch, 4)[kernel])
     assert tables.table("sm_86", 4) == tables.FP32 and tables.table("sm_90a", 4) == tables.SM90_FP32
     assert tables.table("sm_75", 2) == tables.SM75 and tables.table("sm_89", 2) == tables.CANDIDATES
-    assert fa2_fwd.CONFIGS.for_arch("sm_89", 2) is tables.CANDIDATES["fwd"]   # the kernel's own table
-    assert configs.arch_config(fa2_fwd.SPEC, "sm_90", 128, 2) == tables.SM90["fwd"][0]
+    assert fa2_fwd_v1.CONFIGS.for_arch("sm_89", 2) is tables.CANDIDATES["fwd"]   # the kernel's own table
+    assert configs.arch_config(fa2_fwd_v1.SPEC, "sm_90", 128, 2) == tables.SM90["fwd"][0]
     with pytest.raises(ValueError, match="elem_bytes must be 2"):
         tables.table("sm_80", 8)
 
@@ -137,7 +137,7 @@ def test_out_of_resources_falls_back_to_the_next_candidate(monkeypatch):
     q = torch.zeros(1, 1, 8, 16)
     for limit in (32, 16):
         tried.clear()
-        call = lambda: fa2_fwd.forward(q, q, q, causal=False, scale=0.25)   # noqa: E731
+        call = lambda: fa2_fwd_v1.forward(q, q, q, causal=False, scale=0.25)   # noqa: E731
         if limit == 32:
             call()
             assert tried == list(cands) and tried[-1] == Config(32, 32, 4, 1)
@@ -193,10 +193,10 @@ def test_a_callers_hazardous_config_runs_unpipelined(monkeypatch):
         (self.name, Config(kwargs["BLOCK_M"], kwargs.get("BLOCK_N"), kwargs["num_warps"], kwargs["num_stages"]))))
     q = torch.zeros(1, 1, 8, 16)
     lse = torch.zeros(1, 1, 8)
-    fa2_bwd.backward(q, q, q, q, lse, q, causal=False, scale=0.25, config_dkdv=Config(32, 64, 8, 2),
+    fa2_bwd_v2.backward(q, q, q, q, lse, q, causal=False, scale=0.25, config_dkdv=Config(32, 64, 8, 2),
                      config_dq=Config(32, 64, 8, 2))
-    fa2_fwd.forward(q, q, q, causal=False, scale=0.25, config=Config(32, 64, 8, 2))
-    fa2_fwd.forward(q, q, q, causal=False, scale=0.25, config=Config(None, 64, 8, 2))
+    fa2_fwd_v1.forward(q, q, q, causal=False, scale=0.25, config=Config(32, 64, 8, 2))
+    fa2_fwd_v1.forward(q, q, q, causal=False, scale=0.25, config=Config(None, 64, 8, 2))
     first = tables.INTERPRETER["fwd"]
     assert ran[1:] == [("fa2_bwd_dkdv", Config(32, 64, 8, 1)), ("fa2_bwd_dq", Config(32, 64, 8, 2)),
                        ("fa2_fwd", Config(32, 64, 8, 2)), ("fa2_fwd", Config(first.block_m, 64, 8, 2))]
@@ -216,13 +216,13 @@ def test_hazard_refuses_bad_arguments():
 
 def test_tables_prune_by_the_estimate_beside_each_kernel(monkeypatch):
     """configs reads each kernel's shared-memory estimate from the KernelSpec it is given
-    (fa2_fwd.SPEC.smem): a spec whose tiles never fit leaves only the smallest candidate; anything but
+    (fa2_fwd_v1.SPEC.smem): a spec whose tiles never fit leaves only the smallest candidate; anything but
     the spec of a kernel with a table is refused, naming the argument."""
-    never_fits = dataclasses.replace(fa2_fwd.SPEC, smem=lambda cfg, d, es: 1 << 40)
+    never_fits = dataclasses.replace(fa2_fwd_v1.SPEC, smem=lambda cfg, d, es: 1 << 40)
     assert configs.arch_candidates(never_fits, "sm_90", 128, 2) == [tables.SM90["fwd"][-1]]
-    assert configs.arch_candidates(fa2_fwd.SPEC, "sm_90", 128, 2) != [tables.SM90["fwd"][-1]]
+    assert configs.arch_candidates(fa2_fwd_v1.SPEC, "sm_90", 128, 2) != [tables.SM90["fwd"][-1]]
     assert configs.arch_config(TABLE_SPECS["bwd_dq"], "sm_90", 128, 2) == Config(64, 64, 4, 2)
-    for bad in ("fwd", fa2_bwd.PREPROCESS_SPEC):
+    for bad in ("fwd", fa2_bwd_v2.PREPROCESS_SPEC):
         with pytest.raises(TypeError, match="kernel must be the KernelSpec of a kernel with a config table"):
             configs.arch_config(bad, "sm_90", 128, 2)
 
@@ -246,4 +246,4 @@ def test_a_kernels_tables_pick_by_architecture_and_tile_width():
     assert dataclasses.replace(t, sm90=(Config(128, 64),)).for_arch("sm_90", 2) == (Config(128, 64),)
     with pytest.raises(ValueError, match="elem_bytes must be 2 .* or 4"):
         t.for_arch("sm_80", 8)
-    assert fa2_bwd.DKDV_SPEC.tables is fa2_bwd.DKDV_CONFIGS and tables.SPECS[1] is fa2_bwd.DKDV_SPEC
+    assert fa2_bwd_v2.DKDV_SPEC.tables is fa2_bwd_v2.DKDV_CONFIGS and tables.SPECS[1] is fa2_bwd_v2.DKDV_SPEC

@@ -1,10 +1,10 @@
-"""Property test of flashlib/kernels/triton/decode.py (hypothesis), in its own file so that the example
-tests of test_triton_decode.py still run on a Python without hypothesis (make test-gpu PY=python3)."""
+"""Property test of flashlib/kernels/triton/decode_v3.py (hypothesis), in its own file so that the example
+tests of test_triton_decode_v3.py still run on a Python without hypothesis (make test-gpu PY=python3)."""
 from __future__ import annotations
 
 import torch
 from conftest import DEVICE, need_module
-from test_triton_decode import decode_oracle
+from test_triton_decode_v3 import decode_oracle
 from triton_cases import make_qkv
 
 import flashlib

@@ -18,7 +18,7 @@ from conftest import DEVICE
 
 from flashlib import hardware
 from flashlib.backends import triton as backend
-from flashlib.kernels.triton import configs, fa2_bwd, fa2_fwd, kit, tables, triton
+from flashlib.kernels.triton import configs, fa2_bwd_v2, fa2_fwd_v1, kit, tables, triton
 from flashlib.kernels.triton.spec import KernelSpec
 
 # Python-level calls (sys.setprofile "call" events: functions, lambdas, comprehensions, generator
@@ -108,7 +108,7 @@ def test_the_knobs_are_read_on_every_call(launches, monkeypatch):
 
 
 def test_argument_names_are_checked_once_per_set_and_a_wrong_set_still_raises(launches, monkeypatch):
-    spec = dataclasses.replace(fa2_bwd.PREPROCESS_SPEC)         # a fresh spec: empty caches
+    spec = dataclasses.replace(fa2_bwd_v2.PREPROCESS_SPEC)         # a fresh spec: empty caches
     q = torch.zeros(1, 1, 4, 16, device=DEVICE)
     good = dict(O=q, DO=q, DELTA=q, H=1, NQ=4, D=16, BLOCK_D=16)
     checks = []
@@ -137,16 +137,16 @@ def test_the_launch_passes_what_the_kernel_takes(monkeypatch):
     q = torch.zeros(2, 5, 3, 16, device=DEVICE).transpose(1, 2)    # (2, 3, 5, 16), strides (240, 16, 48, 1)
     k = torch.zeros(2, 1, 7, 16, device=DEVICE)
     cfg = configs.Config(32, 16, 2, 1)
-    fa2_fwd.SPEC.launch(cfg, Q=q, K=k, V=k, O=q, LSE=q, qk_scale=0.5, H=3, GROUP=3, NQ=5, NK=7, D=16,
+    fa2_fwd_v1.SPEC.launch(cfg, Q=q, K=k, V=k, O=q, LSE=q, qk_scale=0.5, H=3, GROUP=3, NQ=5, NK=7, D=16,
                         CAUSAL=True, BLOCK_D=16, UPCAST=False, PRECISION="ieee")
     assert (seen["stride_qb"], seen["stride_qh"], seen["stride_qn"]) == (240, 16, 48)
     assert (seen["stride_kb"], seen["stride_kh"], seen["stride_kn"]) == (112, 112, 16)
     assert seen["Q"] is q and seen["LSE"] is q and (seen["qk_scale"], seen["D"]) == (0.5, 16)
     assert (seen["BLOCK_M"], seen["BLOCK_N"], seen["num_warps"], seen["num_stages"]) == (32, 16, 2, 1)
-    assert seen["grid"] == fa2_fwd.grid(2, 3, 5, 32) and seen["CAUSAL"] is True
-    fa2_fwd.SPEC.launch(cfg, Q=q, K=k, V=k, O=q, LSE=q, qk_scale=0.5, H=3, GROUP=3, NQ=5, NK=7, D=16,
+    assert seen["grid"] == fa2_fwd_v1.grid(2, 3, 5, 32) and seen["CAUSAL"] is True
+    fa2_fwd_v1.SPEC.launch(cfg, Q=q, K=k, V=k, O=q, LSE=q, qk_scale=0.5, H=3, GROUP=3, NQ=5, NK=7, D=16,
                         CAUSAL=True, BLOCK_D=16, UPCAST=False, PRECISION="ieee", BLOCK_M=64)
-    assert (seen["BLOCK_M"], seen["BLOCK_N"]) == (64, 16) and seen["grid"] == fa2_fwd.grid(2, 3, 5, 64)
+    assert (seen["BLOCK_M"], seen["BLOCK_N"]) == (64, 16) and seen["grid"] == fa2_fwd_v1.grid(2, 3, 5, 64)
 
 
 def test_host_integer_helpers_are_tritons():
@@ -187,7 +187,7 @@ def test_cuda_device_asks_the_driver_once_per_index(two_gpus):
 
 
 def test_config_candidates_are_worked_out_once_per_spec_and_device(two_gpus, monkeypatch):
-    spec = dataclasses.replace(fa2_fwd.SPEC)                      # a fresh spec: empty caches
+    spec = dataclasses.replace(fa2_fwd_v1.SPEC)                      # a fresh spec: empty caches
     worked = []
     real = configs.arch_candidates
     monkeypatch.setattr(configs, "arch_candidates", lambda *a, **kw: worked.append(a[1]) or real(*a, **kw))

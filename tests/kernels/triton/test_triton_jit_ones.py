@@ -23,7 +23,7 @@ import pytest
 from conftest import ROOT, need_module
 
 need_module("triton")
-from flashlib.kernels.triton import versions  # noqa: E402
+from flashlib.kernels.triton import versions# noqa: E402
 from flashlib.tools import triton_versions  # noqa: E402
 
 _CHILD = r"""

@@ -108,11 +108,11 @@ def test_triton_3_3_on_sm75_needs_fp32_tiles_for_tl_dot(matrix):
     """The T4 finding: triton 3.3 fails to compile fp16 tiles into tl.dot for sm_75 (the compiler aborts:
     "Unsupported conversion from f16 to f16"); fp32 tiles (UPCAST, what the launcher passes there)
     compile. triton 3.9 compiles the fp16 tiles."""
-    from flashlib.kernels.triton import fa2_fwd
+    from flashlib.kernels.triton import fa2_fwd_v1
     assert versions.dot_needs_fp32_tiles("sm_75", "3.3.1")
     assert not versions.dot_needs_fp32_tiles("sm_75", "3.9.0")
-    cfg = configs.arch_config(fa2_fwd.SPEC, "sm_75", 128, 2)
-    jobs = [fi._job(fa2_fwd.SPEC, "sm_75", "fp16", v, 128, cfg, upcast=up)
+    cfg = configs.arch_config(fa2_fwd_v1.SPEC, "sm_75", 128, 2)
+    jobs = [fi._job(fa2_fwd_v1.SPEC, "sm_75", "fp16", v, 128, cfg, upcast=up)
             for v, up in (("3.3.1", False), ("3.3.1", True), (versions.PINNED, False))]
     without, with_fp32, pinned = fi._rows_of(jobs)
     assert not without["ok"] and without["error"], without
@@ -154,14 +154,14 @@ def test_flashlib_imports_beside_each_triton(version):
 def test_the_matrix_jobs_follow_the_launchers_rules():
     """No compiles: matrix_jobs asks what the launcher would (dtype_refusal, kernel_refusal, tile_bytes)
     and makes no job for what flashlib refuses before launching."""
-    from flashlib.kernels.triton import fa2_bwd
+    from flashlib.kernels.triton import fa2_bwd_v2
     assert fi.dtype_refusal("bf16", "sm_75", "3.6.0") and fi.dtype_refusal("fp16", "sm_75", "3.6.0") is None
     assert fi.matrix_jobs("3.6.0", "sm_75", "bf16") == []
     assert fi.tile_bytes("fp16", "sm_75", "3.3.1") == 4 and fi.tile_bytes("fp16", "sm_75", "3.6.0") == 2
     assert fi.tile_bytes("fp32", "sm_80", "3.9.0") == 4
     for version, dtype in (("3.3.1", "fp16"), ("3.2.0", "fp32")):
-        assert fi.kernel_refusal(fa2_bwd.DKDV_SPEC, "sm_75", dtype, version, 256)
+        assert fi.kernel_refusal(fa2_bwd_v2.DKDV_SPEC, "sm_75", dtype, version, 256)
         jobs = fi.matrix_jobs(version, "sm_75", dtype)
         assert jobs and not [j for j in jobs if j["kernel"] == "fa2_bwd_dkdv" and j["block_d"] == 256]
         assert [j for j in jobs if j["kernel"] == "fa2_bwd_dkdv" and j["block_d"] == 128]
-    assert fi.kernel_refusal(fa2_bwd.DKDV_SPEC, "sm_75", "fp32", "3.6.0", 256) is None
+    assert fi.kernel_refusal(fa2_bwd_v2.DKDV_SPEC, "sm_75", "fp32", "3.6.0", 256) is None

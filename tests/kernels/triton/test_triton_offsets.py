@@ -44,7 +44,7 @@ ARCH = "sm_80"
 ROW_SCALES = ("NQ", "NK", "n_rows", "D")
 # (kernel, frozenset of the two arguments) of the one product of two sizes that stays 32-bit: the decode
 # split stacks a kv head's GROUP·NQ query rows into its row blocks; the rows are indices, not offsets, and
-# must be < 2^31 (decode.py's Limits).
+# must be < 2^31 (decode_v3.py's Limits).
 EXEMPT = {("decode_split", frozenset({"GROUP", "NQ"}))}
 # Value-preserving ops: a multiplication by their result is a multiplication by their operand.
 _PASS_THROUGH = re.compile(r"^(arith\.extsi|tt\.splat|tt\.broadcast|tt\.expand_dims)\s+(%[\w.$-]+)")
@@ -58,7 +58,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from flashlib.kernels.triton import INTERPRET, configs, decode, versions
+from flashlib.kernels.triton import INTERPRET, configs, decode_v3 as decode, versions
 from flashlib.tools.compile_report import triton_specs
 assert not INTERPRET, "the TTIR child must run with TRITON_INTERPRET=0"
 arch = sys.argv[1]

@@ -14,8 +14,8 @@ from conftest import DEVICE
 
 import flashlib.kernels.triton as ft
 from flashlib.hardware import CUDA_GRID_MAX
-from flashlib.kernels.triton import configs, fa2_bwd, fa2_bwd_tma, fa2_fwd, fa2_fwd_tma, tables
-from flashlib.kernels.triton import decode as tdecode
+from flashlib.kernels.triton import configs, fa2_bwd_v2, fa2_bwd_v5_tma, fa2_fwd_v1, fa2_fwd_v4_tma, tables
+from flashlib.kernels.triton import decode_v3 as tdecode
 from flashlib.kernels.triton import tl
 from flashlib.kernels.triton.configs import Config
 from flashlib.kernels.triton.spec import KernelSpec
@@ -61,13 +61,13 @@ def test_the_spec_reads_the_kernels_signature():
 
 def test_a_spec_refuses_unknown_types_constants_and_config_with_fixed():
     with pytest.raises(ValueError, match="types must name pointers or scalars"):
-        dataclasses.replace(fa2_fwd.SPEC, types={"LSE": "fp64"})
+        dataclasses.replace(fa2_fwd_v1.SPEC, types={"LSE": "fp64"})
     with pytest.raises(ValueError, match="types must name pointers or scalars"):
-        dataclasses.replace(fa2_fwd.SPEC, types={"LSD": "fp32"})
+        dataclasses.replace(fa2_fwd_v1.SPEC, types={"LSD": "fp32"})
     with pytest.raises(ValueError, match="constants must be constexprs"):
-        dataclasses.replace(fa2_fwd.SPEC, constants={"WARP_SPECIALIZE": True})
+        dataclasses.replace(fa2_fwd_v1.SPEC, constants={"WARP_SPECIALIZE": True})
     with pytest.raises(ValueError, match="exactly one of config"):
-        dataclasses.replace(fa2_fwd.SPEC, fixed=Config(64, 64))
+        dataclasses.replace(fa2_fwd_v1.SPEC, fixed=Config(64, 64))
 
 
 def test_specs_cover_every_config_table_and_the_fixed_kernels():
@@ -77,7 +77,7 @@ def test_specs_cover_every_config_table_and_the_fixed_kernels():
 
 
 def test_signature_types_follow_the_spec():
-    sig = fa2_bwd.DKDV_SPEC.signature("bf16")
+    sig = fa2_bwd_v2.DKDV_SPEC.signature("bf16")
     assert sig["Q"] == sig["DK"] == "*bf16" and sig["LSE"] == sig["DELTA"] == "*fp32"
     assert sig["stride_dvn"] == sig["NQ"] == "i32" and sig["qk_scale"] == sig["scale"] == "fp32"
     assert sig["CAUSAL"] == sig["BLOCK_D"] == "constexpr"
@@ -87,11 +87,11 @@ def test_signature_types_follow_the_spec():
 def test_launch_names_missing_and_unknown_arguments():
     q = torch.zeros(1, 1, 4, 16, device=DEVICE)
     with pytest.raises(TypeError, match=r"missing arguments \['DELTA'\], unknown arguments \['DELTAS'\]"):
-        fa2_bwd.PREPROCESS_SPEC.launch(O=q, DO=q, DELTAS=q, H=1, NQ=4, D=16, BLOCK_D=16)
+        fa2_bwd_v2.PREPROCESS_SPEC.launch(O=q, DO=q, DELTAS=q, H=1, NQ=4, D=16, BLOCK_D=16)
     with pytest.raises(TypeError, match=r"missing arguments \['K', 'V', 'O', 'LSE', 'qk_scale'"):
-        fa2_fwd.SPEC.launch(Q=q)
+        fa2_fwd_v1.SPEC.launch(Q=q)
     with pytest.raises(TypeError, match=r"unknown arguments \['WARP_SPECIALIZE'\]"):
-        fa2_fwd_tma.SPEC.launch(WARP_SPECIALIZE=True)   # a constant of the spec is not the caller's
+        fa2_fwd_v4_tma.SPEC.launch(WARP_SPECIALIZE=True)   # a constant of the spec is not the caller's
 
 
 # ------------------------------------------------------------------------------ flat grids (CUDA limits)
@@ -118,14 +118,14 @@ def all_configs(kernel):
 @pytest.mark.parametrize("B,H,HKV,N", HUGE, ids=str)
 def test_every_grid_helper_stays_within_cuda_limits(B, H, HKV, N):
     for cfg in all_configs("fwd") | all_configs("bwd_dq"):
-        grid = fa2_fwd.grid(B, H, N, cfg.block_m)
+        grid = fa2_fwd_v1.grid(B, H, N, cfg.block_m)
         assert within_cuda_limits(grid) and grid == (B * H * cdiv(N, cfg.block_m),)
-        assert fa2_bwd.grid_dq(B, H, N, cfg.block_m) == grid
+        assert fa2_bwd_v2.grid_dq(B, H, N, cfg.block_m) == grid
     for cfg in all_configs("bwd_dkdv"):
-        grid = fa2_bwd.grid_dkdv(B, HKV, N, cfg.block_n)
+        grid = fa2_bwd_v2.grid_dkdv(B, HKV, N, cfg.block_n)
         assert within_cuda_limits(grid) and grid == (B * HKV * cdiv(N, cfg.block_n),)
-    grid = fa2_bwd.grid_preprocess(B, H, N)
-    assert within_cuda_limits(grid) and grid == (B * H * cdiv(N, fa2_bwd.PREPROCESS_BLOCK_M),)
+    grid = fa2_bwd_v2.grid_preprocess(B, H, N)
+    assert within_cuda_limits(grid) and grid == (B * H * cdiv(N, fa2_bwd_v2.PREPROCESS_BLOCK_M),)
     group = H // HKV
     for cfg in all_configs("decode"):
         block_m = tdecode.split_block_m(cfg.block_m, group, N)
@@ -157,25 +157,25 @@ def test_every_launcher_passes_its_grid_helper_within_cuda_limits(monkeypatch, B
 
     monkeypatch.setattr(KernelSpec, "_run", record)
     q, k, v, do = (torch.zeros(B, h, N, 1, device=DEVICE) for h in (H, HKV, HKV, H))
-    o, lse = fa2_fwd.forward(q, k, v, causal=True, scale=1.0)
+    o, lse = fa2_fwd_v1.forward(q, k, v, causal=True, scale=1.0)
     q8, k8, v8 = (torch.zeros(B, h, N, 8, dtype=torch.float16, device=DEVICE) for h in (H, HKV, HKV))
-    o8, lse8 = fa2_fwd_tma.forward(q8, k8, v8, causal=True, scale=1.0)     # the TMA kernels: 16-byte rows
-    fa2_bwd_tma.backward(q8, k8, v8, o8, lse8, torch.zeros_like(q8), causal=True, scale=1.0)
-    fa2_bwd.backward(q, k, v, o, lse, do, causal=True, scale=1.0)
+    o8, lse8 = fa2_fwd_v4_tma.forward(q8, k8, v8, causal=True, scale=1.0)     # the TMA kernels: 16-byte rows
+    fa2_bwd_v5_tma.backward(q8, k8, v8, o8, lse8, torch.zeros_like(q8), causal=True, scale=1.0)
+    fa2_bwd_v2.backward(q, k, v, o, lse, do, causal=True, scale=1.0)
     lens = torch.full((B,), N, dtype=torch.int32, device=DEVICE)
     tdecode.decode(q[:, :, :1], k, v, lens, num_splits=3, scale=1.0)       # one new token per sequence
     assert set(launches) == {s.name for s in SPECS}
     for grid, _ in launches.values():
         assert within_cuda_limits(grid), launches
     a = {name: args for name, (_, args) in launches.items()}
-    assert launches["fa2_fwd"][0] == fa2_fwd.grid(B, H, N, a["fa2_fwd"]["BLOCK_M"])
+    assert launches["fa2_fwd"][0] == fa2_fwd_v1.grid(B, H, N, a["fa2_fwd"]["BLOCK_M"])
     assert a["fa2_fwd"]["stride_kh"] == k.stride(1) and a["fa2_fwd"]["GROUP"] == H // HKV
-    assert launches["fa2_fwd_tma"][0] == fa2_fwd.grid(B, H, N, a["fa2_fwd_tma"]["BLOCK_M"])   # version 1's grid
+    assert launches["fa2_fwd_tma"][0] == fa2_fwd_v1.grid(B, H, N, a["fa2_fwd_tma"]["BLOCK_M"])   # version 1's grid
     assert a["fa2_fwd_tma"]["stride_kh"] == k8.stride(1) and a["fa2_fwd_tma"]["GROUP"] == H // HKV
-    assert launches["fa2_bwd_preprocess"][0] == fa2_bwd.grid_preprocess(B, H, N)
-    assert launches["fa2_bwd_dkdv"][0] == fa2_bwd.grid_dkdv(B, HKV, N, a["fa2_bwd_dkdv"]["BLOCK_N"])
-    assert launches["fa2_bwd_dkdv_tma"][0] == fa2_bwd.grid_dkdv(B, HKV, N, a["fa2_bwd_dkdv_tma"]["BLOCK_N"])
-    assert launches["fa2_bwd_dq"][0] == fa2_bwd.grid_dq(B, H, N, a["fa2_bwd_dq"]["BLOCK_M"])
+    assert launches["fa2_bwd_preprocess"][0] == fa2_bwd_v2.grid_preprocess(B, H, N)
+    assert launches["fa2_bwd_dkdv"][0] == fa2_bwd_v2.grid_dkdv(B, HKV, N, a["fa2_bwd_dkdv"]["BLOCK_N"])
+    assert launches["fa2_bwd_dkdv_tma"][0] == fa2_bwd_v2.grid_dkdv(B, HKV, N, a["fa2_bwd_dkdv_tma"]["BLOCK_N"])
+    assert launches["fa2_bwd_dq"][0] == fa2_bwd_v2.grid_dq(B, H, N, a["fa2_bwd_dq"]["BLOCK_M"])
     assert launches["decode_split"][0] == tdecode.grid_split(B, HKV, H // HKV, 1,
                                                              a["decode_split"]["BLOCK_M"], 3)
     assert launches["decode_combine"][0] == tdecode.grid_combine(B, H, 1)

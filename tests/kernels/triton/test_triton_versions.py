@@ -22,7 +22,7 @@ import flashlib
 import flashlib.kernels.triton as ft
 from flashlib import backends
 from flashlib.backends import triton as triton_backend
-from flashlib.kernels.triton import configs, decode, fa2_bwd, fa2_fwd, fa2_fwd_tma, tables, versions
+from flashlib.kernels.triton import configs, decode_v3 as decode, fa2_bwd_v2, fa2_fwd_v1, fa2_fwd_v4_tma, tables, versions
 from flashlib.kernels.triton.spec import KernelSpec
 
 
@@ -172,7 +172,7 @@ def test_a_t4_with_triton_3_3_budgets_fp32_tiles(monkeypatch):
         assert configs.tile_plan(q) == (False, 2)
     assert configs.tile_plan(q.to(torch.bfloat16)) == (True, 2)   # the interpreter's bf16 rule
     last = tables.SM75_FP32["bwd_dkdv"][-1]
-    assert configs.arch_candidates(fa2_bwd.DKDV_SPEC, "sm_75", 256, 4) == [last]
+    assert configs.arch_candidates(fa2_bwd_v2.DKDV_SPEC, "sm_75", 256, 4) == [last]
 
 
 def test_every_launcher_takes_upcast_and_its_budget_from_tile_plan(monkeypatch):
@@ -195,8 +195,8 @@ def test_every_launcher_takes_upcast_and_its_budget_from_tile_plan(monkeypatch):
     monkeypatch.setattr(KernelSpec, "_run", spy_run)
     monkeypatch.setattr(configs, "candidates", spy_candidates)
     q, k, v, do = make_qkv(1, 2, 1, 5, 40, 64, dtype=torch.float16)
-    fa2_fwd.forward(q, k, v, causal=True, scale=0.125)
-    fa2_bwd.backward(q, k, v, q, torch.zeros(1, 2, 5), do, causal=True, scale=0.125)
+    fa2_fwd_v1.forward(q, k, v, causal=True, scale=0.125)
+    fa2_bwd_v2.backward(q, k, v, q, torch.zeros(1, 2, 5), do, causal=True, scale=0.125)
     decode.decode(q, k, v, None, num_splits=2, scale=0.125)
     dot_kernels = {n for n, u in seen if u is not None}
     assert dot_kernels == {"fa2_fwd", "fa2_bwd_dkdv", "fa2_bwd_dq", "decode_split"}
@@ -211,25 +211,25 @@ class _FakeFacts:
 # --------------------------------------------------------------------------- TMA kernels on old Triton
 
 def test_descriptors_missing_names_the_version():
-    why = fa2_fwd_tma.descriptors_missing("3.3.1")
+    why = fa2_fwd_v4_tma.descriptors_missing("3.3.1")
     assert "triton 3.3.1" in why and "3.4" in why and "versions 1 and 2" in why
-    assert fa2_fwd_tma.descriptors_missing("3.4.0") is None
-    assert fa2_fwd_tma.descriptors_missing() is None               # the pinned 3.9 has them
+    assert fa2_fwd_v4_tma.descriptors_missing("3.4.0") is None
+    assert fa2_fwd_v4_tma.descriptors_missing() is None               # the pinned 3.9 has them
 
 
 @pytest.mark.parametrize("old", ["3.2.0", "3.3.1"])
 def test_tma_opt_in_falls_back_to_versions_1_and_2_on_a_triton_without_descriptors(old, monkeypatch):
     """Finding 6: supported() did not look at the version, so FLASHLIB_TRITON_FWD/BWD=tma chose the TMA
     kernels on triton 3.2/3.3 and failed with AttributeError (no tl.make_tensor_descriptor)."""
-    monkeypatch.setattr(fa2_fwd_tma, "_NO_DESCRIPTORS", fa2_fwd_tma.descriptors_missing(old))
+    monkeypatch.setattr(fa2_fwd_v4_tma, "_NO_DESCRIPTORS", fa2_fwd_v4_tma.descriptors_missing(old))
     monkeypatch.setenv("FLASHLIB_TRITON_FWD", "tma")
     monkeypatch.setenv("FLASHLIB_TRITON_BWD", "tma")
     q, k, v, do = make_qkv(1, 2, 2, 20, 20, 64, dtype=torch.float16)
-    assert old in fa2_fwd_tma.supported(q, k, v)
+    assert old in fa2_fwd_v4_tma.supported(q, k, v)
     assert triton_backend.forward_version(q, k, v) == "v1"
     assert triton_backend.backward_version(q, k, v, do) == "v2"
     with pytest.raises(ValueError, match=f"fa2_fwd_tma.forward: triton {old}"):
-        fa2_fwd_tma.forward(q, k, v, causal=True, scale=0.125)
+        fa2_fwd_v4_tma.forward(q, k, v, causal=True, scale=0.125)
     q.requires_grad_(True)
     o = flashlib.attention(q, k, v, causal=True, backend="triton")      # versions 1 and 2 ran
     o.backward(do)
@@ -267,10 +267,10 @@ def test_a_t4_with_triton_3_3_refuses_the_fp16_backward_past_d128_before_launchi
     with hardware.rehearse("T4"):
         q, k, v, do = make_qkv(1, 1, 1, 4, 4, 256, dtype=torch.float16)
         with pytest.raises(RuntimeError, match=r"triton 3\.3\.1.*Upgrade Triton to 3\.4"):
-            fa2_bwd.backward(q, k, v, q, torch.zeros(1, 1, 4), do, causal=False, scale=0.0625)
+            fa2_bwd_v2.backward(q, k, v, q, torch.zeros(1, 1, 4), do, causal=False, scale=0.0625)
         assert ran == []
         q, k, v, do = make_qkv(1, 1, 1, 4, 4, 128, dtype=torch.float16)
-        fa2_bwd.backward(q, k, v, q, torch.zeros(1, 1, 4), do, causal=False, scale=0.0625)
+        fa2_bwd_v2.backward(q, k, v, q, torch.zeros(1, 1, 4), do, causal=False, scale=0.0625)
         assert ran == ["fa2_bwd_preprocess", "fa2_bwd_dkdv", "fa2_bwd_dq"]
 
 

@@ -1,4 +1,4 @@
-// decode_splitkv.cu — Flash-Decoding: split the KV cache, attend to each split
+// decode_v1_splitkv.cu — Flash-Decoding: split the KV cache, attend to each split
 //   in parallel, combine by LSE.
 // Changed from v1/v2: with one query per sequence (decoding) a Q tile per block
 //   leaves the GPU nearly idle (B x H blocks). Here a block is (split, head,

@@ -1,4 +1,4 @@
-# fa2_bwd.py — FlashAttention-2 backward in Triton, version 2 of the Triton kernels (the default).
+# fa2_bwd_v2.py — FlashAttention-2 backward in Triton, version 2 of the Triton kernels (the default).
 # Changed from the NumPy ladder (flashlib.ladder.fa2.backward): three kernels instead of one loop
 #   nest.
 #   (1) _bwd_preprocess: D = rowsum(dO * O) per query row (Algorithm 2, line 4).
@@ -18,7 +18,7 @@
 #   p % n_blocks of (batch, head) — of (batch, kv head) for dK/dV — p // n_blocks (kit.unflatten).
 #   Each kernel's KernelSpec (flashlib.kernels.triton.spec), read from its signature, and its config
 #   table sit beside it; backward launches the dK/dV spec it is given (dkdv_spec): version 5
-#   (fa2_bwd_tma.py) is this backward with its own dK/dV kernel.
+#   (fa2_bwd_v5_tma.py) is this backward with its own dK/dV kernel.
 # Idea: Dao 2023 (FlashAttention-2), Algorithm 2; the dK/dV + dQ split as in Triton's
 #   fused-attention tutorial and flash-attn's deterministic mode (our own code; plain pointers, no
 #   block pointers).
@@ -34,7 +34,7 @@ import torch
 from ...hardware import device_facts
 from . import kit, triton, tl
 from .configs import Config, Tables, refusal
-from .fa2_fwd import grid as fwd_grid
+from .fa2_fwd_v1 import grid as fwd_grid
 from .spec import KernelSpec, staged_bytes
 
 __all__ = ["backward", "grid_preprocess", "grid_dkdv", "grid_dq", "PREPROCESS_BLOCK_M",
@@ -282,13 +282,13 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
              dkdv_spec: KernelSpec = DKDV_SPEC):
     """Launch the three backward kernels: ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``.
 
-    ``o`` and ``lse`` come from :func:`flashlib.kernels.triton.fa2_fwd.forward`; ``do`` is dL/dO. For GQA,
+    ``o`` and ``lse`` come from :func:`flashlib.kernels.triton.fa2_fwd_v1.forward`; ``do`` is dL/dO. For GQA,
     ``dk``/``dv`` are summed over the query heads of each group inside the kernel (no expanded copy).
     ``dkdv_spec``: the dK/dV kernel, this file's or one with its arguments (the TMA dK/dV,
-    :mod:`flashlib.kernels.triton.fa2_bwd_tma`).
+    :mod:`flashlib.kernels.triton.fa2_bwd_v5_tma`).
 
     Explained in: notebooks/07b_backward_decoding.
-    Tested in: tests/kernels/triton/test_triton_fa2_bwd.py.
+    Tested in: tests/kernels/triton/test_triton_fa2_bwd_v2.py.
     """
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]

@@ -1,10 +1,10 @@
-# fa2_bwd_tma.py — the FlashAttention-2 backward's dK/dV kernel through tensor descriptors (TMA on
-#   Hopper), version 5 of the Triton kernels ("the TMA dK/dV"). Version 2 (fa2_bwd.py) stays the
+# fa2_bwd_v5_tma.py — the FlashAttention-2 backward's dK/dV kernel through tensor descriptors (TMA on
+#   Hopper), version 5 of the Triton kernels ("the TMA dK/dV"). Version 2 (fa2_bwd_v2.py) stays the
 #   default; the D preprocess and the dQ kernel are version 2's, launched by its backward
-#   (fa2_bwd.backward with dkdv_spec=DKDV_SPEC).
+#   (fa2_bwd_v2.backward with dkdv_spec=DKDV_SPEC).
 # Changed from version 2's _bwd_dkdv: K_j and V_j, every Q_i and dO_i tile, and the stores of dK_j
 #   and dV_j go through 2-D descriptors of their (batch, head), as in the TMA forward
-#   (fa2_fwd_tma.py, version 4): no address arithmetic and no load masks in the warps; rows past N
+#   (fa2_fwd_v4_tma.py, version 4): no address arithmetic and no load masks in the warps; rows past N
 #   and columns past d read as 0, and the stores drop them. The loops and the GQA sum over a group's
 #   query heads are version 2's, and the step of the inner loop (recomputing P, the masks, dV, dP,
 #   dS, dK) is its very function, kit.dkdv_step. DKDV_SPEC is version 2's (arguments, grid, config
@@ -18,11 +18,11 @@
 #   5-18 without line 15; FlashAttention-3 (Shah et al. 2024) moves every tile of its backward with
 #   TMA.
 # Limits: the TMA forward's (fp16/bf16; strides and (batch, head) starts multiples of 16 bytes, so d
-#   a multiple of 8 for contiguous tensors: fa2_fwd_tma.supported, given dO too; triton >= 3.4). It
+#   a multiple of 8 for contiguous tensors: fa2_fwd_v4_tma.supported, given dO too; triton >= 3.4). It
 #   runs with the dK/dV config table and configs.hazard's rule, as version 2 does. Measured on no
 #   GPU yet, so opt-in, independently of the forward; its determinism on a GPU is a GPU-tier test.
 # Run: o = flashlib.attention(q, k, v, backend="triton", kernel=(None, "v5")); o.backward(do) (or
-#   FLASHLIB_TRITON_BWD=v5 as the default), or fa2_bwd_tma.backward(q, k, v, o, lse, do,
+#   FLASHLIB_TRITON_BWD=v5 as the default), or fa2_bwd_v5_tma.backward(q, k, v, o, lse, do,
 #   causal=True, scale=d ** -0.5); interpreted on a CPU.
 """The FA2 backward with its dK/dV kernel through tensor descriptors (TMA on sm_90).
 
@@ -34,9 +34,9 @@ import dataclasses
 import torch
 
 from ...validation import check_flag, check_scale, check_tensors
-from . import fa2_bwd, kit, triton, tl
+from . import fa2_bwd_v2, kit, triton, tl
 from .configs import Config
-from .fa2_fwd_tma import supported
+from .fa2_fwd_v4_tma import supported
 
 __all__ = ["backward", "DKDV_SPEC"]
 
@@ -119,18 +119,18 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
 
 
 # Version 2's dK/dV interface (arguments, grid, config table, shared memory), this file's kernel.
-DKDV_SPEC = dataclasses.replace(fa2_bwd.DKDV_SPEC, name="fa2_bwd_dkdv_tma", fn=_bwd_dkdv_tma, scratch=True)
+DKDV_SPEC = dataclasses.replace(fa2_bwd_v2.DKDV_SPEC, name="fa2_bwd_dkdv_tma", fn=_bwd_dkdv_tma, scratch=True)
 
 
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, config_dkdv: Config | None = None,
              config_dq: Config | None = None):
-    """Version 2's backward (:func:`flashlib.kernels.triton.fa2_bwd.backward`) with this file's dK/dV
+    """Version 2's backward (:func:`flashlib.kernels.triton.fa2_bwd_v2.backward`) with this file's dK/dV
     kernel: ``(dq, dk, dv)``. q, k, v, do are checked as flashlib.attention checks them (TypeError /
-    ValueError naming the argument); ValueError if :func:`flashlib.kernels.triton.fa2_fwd_tma.supported`
+    ValueError naming the argument); ValueError if :func:`flashlib.kernels.triton.fa2_fwd_v4_tma.supported`
     refuses q, k, v or do.
 
     Explained in: notebooks/07c_hopper.
-    Tested in: tests/kernels/triton/test_triton_fa2_bwd_tma.py.
+    Tested in: tests/kernels/triton/test_triton_fa2_bwd_v5_tma.py.
     """
     check_tensors(q, k, v)
     if not isinstance(do, torch.Tensor):
@@ -143,5 +143,5 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, config_dkdv: Co
     why = supported(q, k, v, do)
     if why is not None:
         raise ValueError(f"fa2_bwd_tma.backward: {why}")
-    return fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=scale, config_dkdv=config_dkdv,
+    return fa2_bwd_v2.backward(q, k, v, o, lse, do, causal=causal, scale=scale, config_dkdv=config_dkdv,
                             config_dq=config_dq, dkdv_spec=DKDV_SPEC)

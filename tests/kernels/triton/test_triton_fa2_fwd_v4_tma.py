@@ -1,4 +1,4 @@
-"""Tests of flashlib/kernels/triton/fa2_fwd_tma.py (the TMA forward: tensor descriptors) on conftest's DEVICE.
+"""Tests of flashlib/kernels/triton/fa2_fwd_v4_tma.py (the TMA forward: tensor descriptors) on conftest's DEVICE.
 
 On a CPU the kernel runs in Triton's interpreter, whose descriptors zero-fill out-of-bounds rows and
 columns, drop out-of-bounds stores and check TMA's alignment rules, as the GPU does; on a GPU machine the
@@ -27,7 +27,7 @@ from hypothesis import strategies as st  # noqa: E402
 import flashlib  # noqa: E402
 import flashlib.kernels.triton as ft  # noqa: E402
 from flashlib.backends import triton as triton_backend  # noqa: E402
-from flashlib.kernels.triton import fa2_bwd_tma, fa2_fwd, fa2_fwd_tma  # noqa: E402
+from flashlib.kernels.triton import fa2_bwd_v5_tma, fa2_fwd_v1, fa2_fwd_v4_tma# noqa: E402
 from flashlib.kernels.triton.configs import Config  # noqa: E402
 from flashlib.testing import ROUNDING, assert_attention_right  # noqa: E402
 
@@ -38,7 +38,7 @@ CASES = [(1, 4, 2, 45, 70, 64, True), (1, 2, 1, 37, 20, 40, False), (1, 1, 1, 20
 
 
 def tma_forward(q, k, v, causal, **kw):
-    return fa2_fwd_tma.forward(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5, **kw)
+    return fa2_fwd_v4_tma.forward(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5, **kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -57,8 +57,8 @@ def test_interpreter_matches_version_1_bit_for_bit(causal):
     """The same tiles and the same arithmetic: a descriptor's zero fill where version 1 masks its loads."""
     q, k, v, _ = make_qkv(2, 4, 2, 41, 53, 48, dtype=torch.float16, seed=3, device=DEVICE)
     for cfg in (Config(16, 16), Config(32, 64), Config(64, 16)):
-        o1, l1 = fa2_fwd.forward(q, k, v, causal=causal, scale=0.3, config=cfg)
-        o2, l2 = fa2_fwd_tma.forward(q, k, v, causal=causal, scale=0.3, config=cfg)
+        o1, l1 = fa2_fwd_v1.forward(q, k, v, causal=causal, scale=0.3, config=cfg)
+        o2, l2 = fa2_fwd_v4_tma.forward(q, k, v, causal=causal, scale=0.3, config=cfg)
         assert torch.equal(o1, o2) and torch.equal(l1, l2), cfg
 
 
@@ -74,7 +74,7 @@ def test_strided_inputs_are_read_in_place():
     """(B, N, H, d) memory viewed as (B, H, N, d): descriptors take the row stride, no copy."""
     q, k, v, do = make_qkv(1, 2, 2, 19, 23, 40, dtype=torch.float16, seed=5, device=DEVICE)
     qs, ks, vs = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
-    assert not qs.is_contiguous() and fa2_fwd_tma.supported(qs, ks, vs) is None
+    assert not qs.is_contiguous() and fa2_fwd_v4_tma.supported(qs, ks, vs) is None
     o, lse = tma_forward(qs, ks, vs, True)
     assert_attention_right(q, k, v, do, causal=True, o=o, lse=lse)
 
@@ -98,7 +98,7 @@ def test_supported_says_why_not_and_forward_refuses(make, expect):
     q, k, v, _ = make_qkv(1, 2, 2, 64, 64, 64, dtype=torch.float16, device=DEVICE)   # N = d: q^T fits too
     bad = make(q)
     k, v = (x[..., :bad.shape[-1]].to(bad.dtype).contiguous() for x in (k, v))   # k, v as q: only q is bad
-    why = fa2_fwd_tma.supported(bad, k, v)
+    why = fa2_fwd_v4_tma.supported(bad, k, v)
     assert why is not None and expect in why
     with pytest.raises(ValueError, match="fa2_fwd_tma.forward"):
         tma_forward(bad, k, v, False)
@@ -113,18 +113,18 @@ def test_warp_specialize_must_be_a_bool():
 def test_bad_arguments_are_named():
     q, k, v, do = make_qkv(1, 2, 1, 8, 8, 16, dtype=torch.float16, device=DEVICE)
     with pytest.raises(TypeError, match="q must be a torch.Tensor, got list"):
-        fa2_fwd_tma.supported([1], k, v)
+        fa2_fwd_v4_tma.supported([1], k, v)
     with pytest.raises(ValueError, match="k must have the head dim of q"):
         tma_forward(q, k[..., :8], v[..., :8], False)
     with pytest.raises(TypeError, match="causal must be a bool"):
-        fa2_fwd_tma.forward(q, k, v, causal=1, scale=0.5)
+        fa2_fwd_v4_tma.forward(q, k, v, causal=1, scale=0.5)
     with pytest.raises(ValueError, match="scale must be finite"):
-        fa2_fwd_tma.forward(q, k, v, causal=False, scale=float("nan"))
+        fa2_fwd_v4_tma.forward(q, k, v, causal=False, scale=float("nan"))
     o, lse = tma_forward(q, k, v, False)
     with pytest.raises(ValueError, match="do must have q's shape, dtype and device"):
-        fa2_bwd_tma.backward(q, k, v, o, lse, do[:, :, :4], causal=False, scale=0.5)
+        fa2_bwd_v5_tma.backward(q, k, v, o, lse, do[:, :, :4], causal=False, scale=0.5)
     with pytest.raises(TypeError, match="do must be a torch.Tensor, got NoneType"):
-        fa2_bwd_tma.backward(q, k, v, o, lse, None, causal=False, scale=0.5)
+        fa2_bwd_v5_tma.backward(q, k, v, o, lse, None, causal=False, scale=0.5)
 
 
 def test_scratch_allocator_is_scoped_to_the_launch(monkeypatch):
@@ -135,7 +135,7 @@ def test_scratch_allocator_is_scoped_to_the_launch(monkeypatch):
     from flashlib.kernels.triton import spec as spec_module
     before = _allocation._allocator.get()
     seen = []
-    kind = type(fa2_fwd_tma.SPEC.fn)
+    kind = type(fa2_fwd_v4_tma.SPEC.fn)
 
     def getitem(fn, grid):
         seen.append((fn.fn.__name__, _allocation._allocator.get()))
@@ -144,9 +144,9 @@ def test_scratch_allocator_is_scoped_to_the_launch(monkeypatch):
         return lambda *args, **kwargs: None
     monkeypatch.setattr(kind, "__getitem__", getitem)
     q, k, v, do = make_qkv(1, 2, 1, 8, 8, 16, dtype=torch.float16, device=DEVICE)
-    fa2_fwd_tma.forward(q, k, v, causal=False, scale=0.25)
+    fa2_fwd_v4_tma.forward(q, k, v, causal=False, scale=0.25)
     with pytest.raises(RuntimeError, match="a launch that fails"):
-        fa2_bwd_tma.backward(q, k, v, q, torch.zeros(1, 2, 8), do, causal=False, scale=0.25)
+        fa2_bwd_v5_tma.backward(q, k, v, q, torch.zeros(1, 2, 8), do, causal=False, scale=0.25)
     scratch = spec_module._scratch
     assert seen == [("_fwd_tma_kernel", scratch), ("_bwd_preprocess", before), ("_bwd_dkdv_tma", scratch),
                     ("_bwd_dq", before)]
@@ -158,9 +158,9 @@ def test_scratch_allocator_is_scoped_to_the_launch(monkeypatch):
 def test_env_selects_the_tma_forward_where_it_applies(monkeypatch):
     monkeypatch.delenv("FLASHLIB_TRITON_FWD", raising=False)       # the default, whatever the caller's
     calls = []
-    real = fa2_fwd.forward
-    monkeypatch.setattr(fa2_fwd, "forward", lambda *a, spec, **kw: (
-        spec is fa2_fwd_tma.SPEC and calls.append(a[0].shape)) or real(*a, spec=spec, **kw))
+    real = fa2_fwd_v1.forward
+    monkeypatch.setattr(fa2_fwd_v1, "forward", lambda *a, spec, **kw: (
+        spec is fa2_fwd_v4_tma.SPEC and calls.append(a[0].shape)) or real(*a, spec=spec, **kw))
     q, k, v, do = make_qkv(1, 4, 2, 33, 47, 40, dtype=torch.float16, seed=4, device=DEVICE)
     flashlib.attention(q, k, v, backend="triton")
     assert calls == []                                        # default: version 1
@@ -202,9 +202,9 @@ import contextlib, hashlib, io, json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from flashlib.kernels.triton import fa2_fwd_tma
+from flashlib.kernels.triton import fa2_fwd_v4_tma
 from flashlib.tools.compile_report import REPORT_CONSTEXPRS
-spec, out = fa2_fwd_tma.SPEC, {}
+spec, out = fa2_fwd_v4_tma.SPEC, {}
 sig = spec.signature("fp16")
 for warps, ws in ((4, True), (8, True), (8, False)):
     values = {**spec.defaults, **REPORT_CONSTEXPRS, "BLOCK_M": 128, "BLOCK_N": 64, "WARP_SPECIALIZE": ws}
@@ -223,7 +223,7 @@ print("PROBE:" + json.dumps(out))
 
 
 def test_warp_specialization_is_not_yet_possible_for_this_loop_in_this_triton():
-    """Why WARP_SPECIALIZE is off by default (fa2_fwd_tma.py's header): cross-compiled for sm_90 by the
+    """Why WARP_SPECIALIZE is off by default (fa2_fwd_v4_tma.py's header): cross-compiled for sm_90 by the
     pinned triton, 4 warps make its Hopper warp-specialization pass fail, 8 warps leave the loop whole
     (the same PTX as without it, no setmaxnreg). When a Triton upgrade changes either, this test fails:
     then measure warp specialization on a GPU and update the header, the chapter and this test."""

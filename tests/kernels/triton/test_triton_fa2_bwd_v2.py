@@ -1,6 +1,6 @@
-"""Tests of flashlib/kernels/triton/fa2_bwd.py (D preprocess, dK/dV and dQ kernels) on conftest's DEVICE.
+"""Tests of flashlib/kernels/triton/fa2_bwd_v2.py (D preprocess, dK/dV and dQ kernels) on conftest's DEVICE.
 
-Interpreted on a CPU machine, compiled on a GPU one (see test_triton_fa2_fwd.py). Gradients are checked
+Interpreted on a CPU machine, compiled on a GPU one (see test_triton_fa2_fwd_v1.py). Gradients are checked
 against the float64 oracle (flashlib.testing): fp32 tightly, fp16/bf16 under FlashAttention's rule — at
 most 3x the error of a plain same-dtype PyTorch implementation (assert_attention_right). The shapes are
 the forward's adversarial ones; the causal mask, the ragged last key block and GQA's sum over a group
@@ -18,7 +18,7 @@ need_module("hypothesis")  # skip the module, saying why, where hypothesis is mi
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from flashlib.kernels.triton import fa2_bwd, fa2_fwd  # noqa: E402
+from flashlib.kernels.triton import fa2_bwd_v2, fa2_fwd_v1# noqa: E402
 from flashlib.kernels.triton.configs import Config  # noqa: E402
 from flashlib.testing import assert_attention_right, assert_close, reference_gqa  # noqa: E402
 
@@ -59,8 +59,8 @@ def test_block_sizes_do_not_change_the_result():
     """Several key blocks per dK/dV program's query loop and query blocks per dQ program's key loop,
     with the diagonal, the ragged last blocks and the skipped causal blocks."""
     q, k, v, do = make_qkv(1, 2, 1, 41, 53, 48, seed=3, device=DEVICE)
-    o, lse = fa2_fwd.forward(q, k, v, causal=True, scale=0.3, config=Config(16, 16))
-    grads = [fa2_bwd.backward(q, k, v, o, lse, do, causal=True, scale=0.3, config_dkdv=Config(bm, bn),
+    o, lse = fa2_fwd_v1.forward(q, k, v, causal=True, scale=0.3, config=Config(16, 16))
+    grads = [fa2_bwd_v2.backward(q, k, v, o, lse, do, causal=True, scale=0.3, config_dkdv=Config(bm, bn),
                               config_dq=Config(bn, bm)) for bm, bn in ((16, 16), (32, 64), (16, 32))]
     want = reference_gqa(q, k, v, causal=True, scale=0.3, do=do)[2]
     for name, a, b in zip(("dq", "dk", "dv"), grads[0], want):

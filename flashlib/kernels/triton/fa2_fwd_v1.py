@@ -1,4 +1,4 @@
-# fa2_fwd.py — FlashAttention-2 forward in Triton, version 1 of the Triton kernels (the default).
+# fa2_fwd_v1.py — FlashAttention-2 forward in Triton, version 1 of the Triton kernels (the default).
 # Changed from the NumPy ladder (flashlib.ladder.fa2.forward): one program per (query block,
 #   batch·head) instead of a Python loop; the online softmax runs in base 2 with the scale folded
 #   into one multiplier (exp2(x·scale·log2 e) = exp(x·scale), and exp2 is the GPU's native
@@ -13,7 +13,7 @@
 #   the key range (key_range), the tile loads, the inner loop with its two stages (attend: FULL,
 #   MASKED) and its online-softmax step. SPEC (flashlib.kernels.triton.spec), read from the kernel's
 #   signature, and the config table sit beside the kernel: forward allocates, builds the arguments
-#   and calls SPEC.launch. Version 4 (fa2_fwd_tma.py) is this forward with its own spec.
+#   and calls SPEC.launch. Version 4 (fa2_fwd_v4_tma.py) is this forward with its own spec.
 #   NaN follows flashlib's rule (kit's header): a NaN a row sees makes the row NaN (O, and L unless
 #   it is in V), one it does not see (causal mask, padding) changes nothing; kit.finish and
 #   kit.attend's causal MASKED stage carry it.
@@ -98,7 +98,7 @@ def grid(B: int, H: int, NQ: int, block_m: int) -> tuple[int]:
 
     Explained in: notebooks/07_triton.
 
-    Tested in: tests/kernels/triton/test_triton_fa2_fwd.py.
+    Tested in: tests/kernels/triton/test_triton_fa2_fwd_v1.py.
     """
     return flat_grid(B * H, kit.ceil_div(NQ, block_m))
 
@@ -133,10 +133,10 @@ def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False,
     device's table choose (:meth:`KernelSpec.launch`); tests give one to
     force several blocks on short sequences. ``spec``: this file's kernel,
     or another with its arguments (the TMA forward's,
-    :mod:`flashlib.kernels.triton.fa2_fwd_tma`).
+    :mod:`flashlib.kernels.triton.fa2_fwd_v4_tma`).
 
     Explained in: notebooks/07_triton.
-    Tested in: tests/kernels/triton/test_triton_fa2_fwd.py.
+    Tested in: tests/kernels/triton/test_triton_fa2_fwd_v1.py.
     """
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]

@@ -1,4 +1,4 @@
-"""Tests of flashlib/kernels/triton/decode.py (Flash-Decoding: split-KV kernel, then the LSE combine) on
+"""Tests of flashlib/kernels/triton/decode_v3.py (Flash-Decoding: split-KV kernel, then the LSE combine) on
 conftest's DEVICE, interpreted on a CPU machine and compiled on a GPU one.
 
 Every sequence of the batch has its own valid cache length (cache_seqlens): empty, full and short
@@ -71,7 +71,7 @@ def test_decode_awkward_batch_heads_match_oracle(num_splits):
 def test_decode_kernel_clamps_lengths_it_is_not_checked_for():
     """On a GPU flashlib.decode does not read the lengths back: the kernel itself clamps them into
     [0, Nmax], so a length past the cache reads nothing outside it and a negative one sees no key."""
-    from flashlib.kernels.triton import decode as tdecode
+    from flashlib.kernels.triton import decode_v3 as tdecode
     q, kc, vc, _ = make_qkv(3, 4, 2, 1, 20, 16, seed=11, device=DEVICE)
     bad = torch.tensor([-3, 25, 7], dtype=torch.int32, device=DEVICE)
     good = torch.tensor([0, 20, 7], dtype=torch.int32, device=DEVICE)

@@ -1,4 +1,4 @@
-"""Tests of flashlib/kernels/triton/fa2_fwd.py (the FA2 forward kernel) on conftest's DEVICE.
+"""Tests of flashlib/kernels/triton/fa2_fwd_v1.py (the FA2 forward kernel) on conftest's DEVICE.
 
 On a CPU machine the kernel runs in Triton's interpreter on CPU tensors; on a GPU machine the same tests
 run the compiled kernel on CUDA tensors (flashlib.kernels.triton fixes the mode; conftest.DEVICE follows it).
@@ -17,7 +17,7 @@ from triton_cases import FP32_CASES, HALF_CASES, case_id, make_qkv
 
 import flashlib
 import flashlib.kernels.triton as ft
-from flashlib.kernels.triton import fa2_fwd
+from flashlib.kernels.triton import fa2_fwd_v1
 from flashlib.kernels.triton.configs import Config
 from flashlib.testing import assert_attention_right, assert_close, reference_gqa
 
@@ -65,7 +65,7 @@ def test_rows_that_see_nothing_are_zero_with_lse_minus_inf():
 def test_block_sizes_do_not_change_the_result():
     """Several query and key blocks, both loop stages (FULL, MASKED) and the skipped causal blocks."""
     q, k, v, _ = make_qkv(1, 2, 1, 41, 53, 48, seed=3, device=DEVICE)
-    outs = [fa2_fwd.forward(q, k, v, causal=True, scale=0.3, config=Config(bm, bn))
+    outs = [fa2_fwd_v1.forward(q, k, v, causal=True, scale=0.3, config=Config(bm, bn))
             for bm, bn in ((16, 16), (32, 64), (64, 16))]
     o0, l0 = outs[0]
     assert_close(o0, reference_gqa(q, k, v, causal=True, scale=0.3)[0], atol=2e-5, rtol=2e-5, name="o")

@@ -1,4 +1,4 @@
-"""Tests of flashlib/kernels/triton/fa2_bwd_tma.py (the TMA dK/dV kernel, in version 2's backward) on
+"""Tests of flashlib/kernels/triton/fa2_bwd_v5_tma.py (the TMA dK/dV kernel, in version 2's backward) on
 conftest's DEVICE.
 
 Gradients against the float64 oracle under FlashAttention's rule (3x for gradients) at shapes TMA can carry
@@ -20,7 +20,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import flashlib.kernels.triton as ft  # noqa: E402
 from flashlib.backends import triton as triton_backend  # noqa: E402
-from flashlib.kernels.triton import fa2_bwd, fa2_bwd_tma, fa2_fwd  # noqa: E402
+from flashlib.kernels.triton import fa2_bwd_v2, fa2_bwd_v5_tma, fa2_fwd_v1# noqa: E402
 from flashlib.kernels.triton.configs import Config  # noqa: E402
 from flashlib.testing import ROUNDING, assert_attention_right  # noqa: E402
 
@@ -32,9 +32,9 @@ CASES = [(1, 4, 2, 45, 70, 64, True), (1, 2, 1, 37, 20, 40, False), (1, 1, 1, 20
 def tma_backward(monkeypatch):
     """flashlib.attention's backward through the TMA dK/dV (FLASHLIB_TRITON_BWD=tma), counting its calls."""
     calls = []
-    real = fa2_bwd.backward
-    monkeypatch.setattr(fa2_bwd, "backward", lambda *a, dkdv_spec, **kw: (
-        dkdv_spec is fa2_bwd_tma.DKDV_SPEC and calls.append(a[0].shape)) or real(*a, dkdv_spec=dkdv_spec, **kw))
+    real = fa2_bwd_v2.backward
+    monkeypatch.setattr(fa2_bwd_v2, "backward", lambda *a, dkdv_spec, **kw: (
+        dkdv_spec is fa2_bwd_v5_tma.DKDV_SPEC and calls.append(a[0].shape)) or real(*a, dkdv_spec=dkdv_spec, **kw))
     monkeypatch.setenv("FLASHLIB_TRITON_BWD", "tma")
     return calls
 
@@ -53,10 +53,10 @@ def test_gradients_within_flashattention_rule(tma_backward, dtype, case):
 def test_interpreter_matches_version_2_bit_for_bit():
     q, k, v, do = make_qkv(2, 4, 2, 41, 53, 48, dtype=torch.float16, seed=3, device=DEVICE)
     for causal in (False, True):
-        o, lse = fa2_fwd.forward(q, k, v, causal=causal, scale=0.3)
+        o, lse = fa2_fwd_v1.forward(q, k, v, causal=causal, scale=0.3)
         for cfg in (Config(16, 32), Config(32, 16), Config(64, 64)):
-            a = fa2_bwd.backward(q, k, v, o, lse, do, causal=causal, scale=0.3, config_dkdv=cfg, config_dq=cfg)
-            b = fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=causal, scale=0.3, config_dkdv=cfg,
+            a = fa2_bwd_v2.backward(q, k, v, o, lse, do, causal=causal, scale=0.3, config_dkdv=cfg, config_dq=cfg)
+            b = fa2_bwd_v5_tma.backward(q, k, v, o, lse, do, causal=causal, scale=0.3, config_dkdv=cfg,
                                      config_dq=cfg)
             assert all(torch.equal(x, y) for x, y in zip(a, b)), (causal, cfg)
 
@@ -76,7 +76,7 @@ def test_version_2_runs_where_tma_cannot(tma_backward):
     assert tma_backward == []
     assert_attention_right(q, k, v, do, causal=False, o=o, lse=lse, grads=grads)
     with pytest.raises(ValueError, match="fa2_bwd_tma.backward: .*multiples of 16 bytes"):
-        fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=False, scale=0.1)
+        fa2_bwd_v5_tma.backward(q, k, v, o, lse, do, causal=False, scale=0.1)
 
 
 def test_a_misaligned_do_alone_sends_the_backward_to_version_2(monkeypatch):
@@ -89,7 +89,7 @@ def test_a_misaligned_do_alone_sends_the_backward_to_version_2(monkeypatch):
     monkeypatch.setenv("FLASHLIB_TRITON_BWD", "tma")
     assert triton_backend.backward_version(q, k, v, do) == "v5"
     assert triton_backend.backward_version(q, k, v, odd) == "v2"
-    assert "do's strides" in fa2_bwd_tma.supported(q, k, v, odd)
+    assert "do's strides" in fa2_bwd_v5_tma.supported(q, k, v, odd)
 
 
 def test_env_with_an_unknown_version_is_a_clear_error(monkeypatch):
@@ -106,8 +106,8 @@ def test_env_with_an_unknown_version_is_a_clear_error(monkeypatch):
        dtype=st.sampled_from([torch.float16, torch.bfloat16]))
 def test_property_gradients_within_flashattention_rule(nq, nk, d, causal, heads, seed, dtype):
     q, k, v, do = make_qkv(1, heads[0], heads[1], nq, nk, d, dtype=dtype, seed=seed, device=DEVICE)
-    o, lse = fa2_fwd.forward(q, k, v, causal=causal, scale=d ** -0.5)
-    grads = fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=causal, scale=d ** -0.5)
+    o, lse = fa2_fwd_v1.forward(q, k, v, causal=causal, scale=d ** -0.5)
+    grads = fa2_bwd_v5_tma.backward(q, k, v, o, lse, do, causal=causal, scale=d ** -0.5)
     # floor: flash-attn's own slack (testing.rounding_floor: twice the rounding error of values of each
     # gradient's magnitude). Without it, hypothesis finds a case the algorithm itself cannot meet, with
     # version 2's bits exactly: at a handful of keys plain fp16 torch is luckier than one rounding of dS
@@ -121,6 +121,6 @@ def test_a_row_that_sees_two_keys_in_bfloat16_meets_the_rule():
     whole ulp low and dQ 2.7e-2 off against 7.0e-3 for plain bf16 torch; with the conversion rounding
     to nearest as on a GPU (flashlib.kernels.triton), dQ meets the rule with no slack at all."""
     q, k, v, do = make_qkv(1, 2, 1, 37, 19, 40, dtype=torch.bfloat16, seed=40781, device=DEVICE)
-    o, lse = fa2_fwd.forward(q, k, v, causal=True, scale=40 ** -0.5)
-    grads = fa2_bwd_tma.backward(q, k, v, o, lse, do, causal=True, scale=40 ** -0.5)
+    o, lse = fa2_fwd_v1.forward(q, k, v, causal=True, scale=40 ** -0.5)
+    grads = fa2_bwd_v5_tma.backward(q, k, v, o, lse, do, causal=True, scale=40 ** -0.5)
     assert_attention_right(q, k, v, do, causal=True, o=o, lse=lse, grads=grads)

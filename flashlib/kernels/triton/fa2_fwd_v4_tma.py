@@ -1,5 +1,5 @@
-# fa2_fwd_tma.py — FlashAttention-2 forward in Triton through tensor descriptors (TMA on Hopper),
-#   version 4 of the Triton kernels ("the TMA forward"). Version 1 (fa2_fwd.py) stays the default.
+# fa2_fwd_v4_tma.py — FlashAttention-2 forward in Triton through tensor descriptors (TMA on Hopper),
+#   version 4 of the Triton kernels ("the TMA forward"). Version 1 (fa2_fwd_v1.py) stays the default.
 # Changed from version 1: every tile moves through a tensor descriptor instead of a grid of
 #   pointers.
 #   Each program makes four 2-D descriptors on the device (tl.make_tensor_descriptor): Q, K, V and O
@@ -11,7 +11,7 @@
 #   warps); below sm_90 Triton rewrites descriptors back into pointer loads, so the kernel runs
 #   everywhere.
 #   The online softmax, masks, key ranges and the epilogue are version 1's own
-#   (flashlib.kernels.triton.kit), and so is the launcher: fa2_fwd.forward with this file's SPEC
+#   (flashlib.kernels.triton.kit), and so is the launcher: fa2_fwd_v1.forward with this file's SPEC
 #   (version 1's grid, config table and shared memory; scratch=True, see Limits). So is the NaN rule
 #   (kit's header): finish's l == 0 test, and in the causal MASKED stage kit.hide_nan_values (a NaN
 #   value the mask hides from a row leaves that row alone).
@@ -32,11 +32,11 @@
 #   with 4 warps its NVGPUWarpSpecialization pass fails on an MLIR dominance assertion; with 8 warps
 #   it leaves the loop whole, one partition, no setmaxnreg), and Triton's persistent-matmul tutorial
 #   says its warp specialization "only works on Blackwell right now"
-#   (tests/kernels/triton/test_triton_fa2_fwd_tma.py keeps both facts checked).
+#   (tests/kernels/triton/test_triton_fa2_fwd_v4_tma.py keeps both facts checked).
 #   Measured on no GPU yet, so opt-in; `flashlib bench` times it beside version 1 (row
 #   flashlib-tma).
 # Run: flashlib.attention(q, k, v, backend="triton", kernel="v4") (or FLASHLIB_TRITON_FWD=v4 as the
-#   default), or fa2_fwd_tma.forward(q, k, v, causal=True, scale=d ** -0.5); on a CPU it runs in
+#   default), or fa2_fwd_v4_tma.forward(q, k, v, causal=True, scale=d ** -0.5); on a CPU it runs in
 #   Triton's interpreter, which checks the descriptors' alignment rules too.
 """FlashAttention-2 forward through tensor descriptors (TMA on sm_90); warp specialization as an experiment.
 
@@ -48,7 +48,7 @@ import dataclasses
 import torch
 
 from ...validation import check_flag, check_scale, check_tensors
-from . import fa2_fwd, kit, triton, tl, versions
+from . import fa2_fwd_v1, kit, triton, tl, versions
 from .configs import Config
 
 __all__ = ["forward", "supported", "descriptors_missing", "SPEC", "SPEC_WARP_SPECIALIZED"]
@@ -151,7 +151,7 @@ def _fwd_tma_kernel(Q, K, V, O, LSE,
 # Version 1's grid, config table and shared memory; this kernel, which makes tensor descriptors on the
 # device (Triton's scratch allocator during the launch); the key loop as it runs by default, or
 # warp-specialized (an experiment: see the header).
-SPEC = dataclasses.replace(fa2_fwd.SPEC, name="fa2_fwd_tma", fn=_fwd_tma_kernel, scratch=True,
+SPEC = dataclasses.replace(fa2_fwd_v1.SPEC, name="fa2_fwd_tma", fn=_fwd_tma_kernel, scratch=True,
                            constants=dict(WARP_SPECIALIZE=False))
 SPEC_WARP_SPECIALIZED = dataclasses.replace(SPEC, constants=dict(WARP_SPECIALIZE=True))
 
@@ -187,7 +187,7 @@ def supported(q, k, v, do=None) -> str | None:
     per (batch, head) needs a row stride; batch and head strides may be 0, as in an expanded K/V).
 
     Explained in: notebooks/07c_hopper.
-    Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
+    Tested in: tests/kernels/triton/test_triton_fa2_fwd_v4_tma.py.
     """
     for t in (q, k, v, do):                         # plain loops: the backend asks on every call
         if t is not None and not isinstance(t, torch.Tensor):
@@ -218,13 +218,13 @@ def forward(q, k, v, *, causal: bool, scale: float, config: Config | None = None
             warp_specialize: bool = False):
     """Launch the TMA forward: ``(o, lse)`` for ``q (B, H, Nq, d)``, ``k, v (B, Hkv, Nk, d)``.
 
-    Version 1's launcher (:func:`flashlib.kernels.triton.fa2_fwd.forward`) with this file's spec;
+    Version 1's launcher (:func:`flashlib.kernels.triton.fa2_fwd_v1.forward`) with this file's spec;
     inputs are checked as flashlib.attention checks them (TypeError/ValueError
     naming the argument), and ValueError if :func:`supported` refuses the tensors. ``warp_specialize``: ask Triton to
     warp-specialize the key loop (an experiment: triton 3.9 cannot for this loop, see the header).
 
     Explained in: notebooks/07c_hopper.
-    Tested in: tests/kernels/triton/test_triton_fa2_fwd_tma.py.
+    Tested in: tests/kernels/triton/test_triton_fa2_fwd_v4_tma.py.
     """
     check_tensors(q, k, v)
     check_flag(causal, "causal")
@@ -233,5 +233,5 @@ def forward(q, k, v, *, causal: bool, scale: float, config: Config | None = None
     why = supported(q, k, v)
     if why is not None:
         raise ValueError(f"fa2_fwd_tma.forward: {why}")
-    return fa2_fwd.forward(q, k, v, causal=causal, scale=scale, config=config,
+    return fa2_fwd_v1.forward(q, k, v, causal=causal, scale=scale, config=config,
                            spec=SPEC_WARP_SPECIALIZED if warp_specialize else SPEC)

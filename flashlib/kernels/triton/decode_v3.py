@@ -1,5 +1,5 @@
-# decode.py — Flash-Decoding in Triton, version 3 of the Triton kernels.
-# Changed from the forward (fa2_fwd.py): for decoding, Nq is tiny and the forward's grid (query
+# decode_v3.py — Flash-Decoding in Triton, version 3 of the Triton kernels.
+# Changed from the forward (fa2_fwd_v1.py): for decoding, Nq is tiny and the forward's grid (query
 #   blocks x batch·heads) leaves most SMs idle. Here the grid adds a split: program (b·hk, r, s)
 #   attends the query rows r to the s-th contiguous chunk of sequence b's *valid* cache
 #   (cache_seqlens[b] keys, ragged across the batch) and writes a normalized partial output O_s and
@@ -35,7 +35,7 @@ import torch
 
 from . import flat_grid, kit, triton, tl
 from .configs import Config, Tables
-from .fa2_fwd import smem_estimate
+from .fa2_fwd_v1 import smem_estimate
 from .spec import KernelSpec
 
 __all__ = ["decode", "grid_split", "grid_combine", "split_block_m", "SPLIT_SPEC", "COMBINE_SPEC", "SPLIT_CONFIGS"]
@@ -212,7 +212,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
     split the split kernel writes ``o`` and ``lse`` directly and the combine is not launched.
 
     Explained in: notebooks/06_flash_decoding.
-    Tested in: tests/kernels/triton/test_triton_decode.py.
+    Tested in: tests/kernels/triton/test_triton_decode_v3.py.
     """
     B, H, NQ, D = q.shape
     HKV = k_cache.shape[1]
