@@ -31,72 +31,173 @@ ADVERSARIAL_SHAPES = [
 ]
 
 
-def _scores(q, k, causal, scale):
-    s = scale * (q @ np.swapaxes(k, -1, -2))                       # (..., Nq, Nk)
+def _visible(nq: int, nk: int, causal: bool, window) -> np.ndarray:
+    """Boolean ``(Nq, Nk)``: query i sees key j. Bottom-right aligned (offset ``Nk - Nq``): ``causal``
+    is ``j <= i + off``; ``window = (left, right)`` (-1: unbounded) is
+    ``i + off - left <= j <= i + off + right`` (flash-attn's sliding window); they combine."""
+    i = np.arange(nq)[:, None] + (nk - nq)
+    j = np.arange(nk)[None, :]
+    left, right = window
+    seen = np.ones((nq, nk), dtype=bool)
     if causal:
-        nq, nk = q.shape[-2], k.shape[-2]
-        s = np.where(causal_mask(0, nq, 0, nk, nq, nk), s, -np.inf)
+        seen &= j <= i
+    if right >= 0:
+        seen &= j <= i + right
+    if left >= 0:
+        seen &= j >= i - left
+    return seen
+
+
+def _check_variants(q, window, softcap, alibi_slopes, sinks, dropout_p, dropout_mask):
+    """The variants' arguments checked (ValueError/TypeError naming the argument); returned as
+    float64 arrays broadcast over q's leading dims where they are per head."""
+    if not (isinstance(window, (tuple, list)) and len(window) == 2
+            and all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in window)):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window!r}")
+    if any(w < -1 for w in window):
+        raise ValueError(f"window_size entries must be >= 0, or -1 for unbounded, got {tuple(window)}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float, np.floating)):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    if not np.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be finite and >= 0 (0: off), got {softcap}")
+    lead = q.shape[:-2]
+    per_head = {}
+    for name, x in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if x is not None:
+            x = np.asarray(_np64(x))
+            try:
+                per_head[name] = np.broadcast_to(x, lead)[..., None, None]       # (..., 1, 1)
+            except ValueError:
+                raise ValueError(f"{name} must broadcast to q's leading dims {lead}, got shape "
+                                 f"{x.shape}") from None
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p > 0 and dropout_mask is None:
+        raise ValueError("dropout_p > 0 needs dropout_mask, the keep mask Z (..., Nq, Nk) of the call")
+    return per_head.get("alibi_slopes"), per_head.get("sinks")
+
+
+def _scores(q, k, causal, scale, window=(-1, -1), softcap=0.0, slopes=None):
+    """The final scores ``(..., Nq, Nk)``: scaled, softcapped, ALiBi-biased,
+    masked to -inf."""
+    s = scale * (q @ np.swapaxes(k, -1, -2))              # (..., Nq, Nk)
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    nq, nk = q.shape[-2], k.shape[-2]
+    if slopes is not None:                    # -slope * |i + Nk - Nq - j|
+        diag = np.arange(nq)[:, None] + (nk - nq)   # query i's diagonal key
+        s = s - slopes * np.abs(diag - np.arange(nk)[None, :])
+    if causal or tuple(window) != (-1, -1):
+        s = np.where(_visible(nq, nk, causal, window), s, -np.inf)
     return s
 
 
-def _values(p, v, causal):
-    """``p @ v`` under the NaN rule: a NaN in ``v[j, c]`` reaches ``o[i, c]`` only if query i sees key j,
-    as in an unmasked product. (A plain ``p @ v`` would spread it through the masked zeros of P too:
-    0 * NaN = NaN.)"""
+def _values(p, v, seen=None):
+    """``p @ v`` under the NaN rule: a NaN in ``v[j, c]`` reaches ``o[i, c]`` only if query i sees key j
+    (``seen``: None when every query sees every key), as in an unmasked product. (A plain ``p @ v``
+    would spread it through the masked zeros of P too: 0 * NaN = NaN.)"""
     nan = np.isnan(v)
     if not nan.any():
         return p @ v
     nq, nk = p.shape[-2], p.shape[-1]
-    seen = causal_mask(0, nq, 0, nk, nq, nk) if causal else np.ones((nq, nk), dtype=bool)
+    seen = np.ones((nq, nk), dtype=bool) if seen is None else seen
     hit = (seen.astype(np.float64) @ nan.astype(np.float64)) > 0       # (..., Nq, dv): a seen NaN
     return np.where(hit, np.nan, p @ np.where(nan, 0.0, v))
 
 
-def _softmax_rows(s):
+def _softmax_rows(s, sinks=None):
+    """``(P, lse)`` of the scores; a sink joins the denominator only (``lse = logaddexp(lse, sink)``)."""
     m = s.max(axis=-1, keepdims=True)                               # (..., Nq, 1)
+    if sinks is not None:
+        m = np.maximum(m, sinks)
     m_safe = np.where(np.isneginf(m), 0.0, m)                       # rows with no visible key; NaN stays
     e = np.exp(s - m_safe)
     l = e.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        l = l + np.exp(sinks - m_safe)
     p = np.divide(e, l, out=np.zeros_like(e), where=l != 0)
     with np.errstate(divide="ignore"):
         lse = np.where(l == 0, -np.inf, m_safe + np.log(l))[..., 0]  # -inf where l == 0
     return p, lse
 
 
-def reference(q, k, v, *, causal=False, scale=None):
+def _forward(q, k, v, causal, scale, window, softcap, alibi_slopes, sinks,
+             dropout_p, dropout_mask):
+    """Checked float64 inputs and ``(P, lse, P~, seen)``: P the softmax, P~
+    what multiplies V (P after dropout), seen the mask (None: no mask)."""
+    q, k, v = check_qkv(q, k, v)
+    scale = check_scale(scale, q.shape[-1])
+    slopes, sink = _check_variants(q, window, softcap, alibi_slopes, sinks,
+                                   dropout_p, dropout_mask)
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    s = _scores(q, k, causal, scale, window, softcap, slopes)
+    p, lse = _softmax_rows(s, sink)
+    kept = p
+    if dropout_p > 0:                             # P~ = P * Z / (1 - p)
+        kept = p * np.asarray(dropout_mask, dtype=bool) / (1.0 - dropout_p)
+    nq, nk = q.shape[-2], k.shape[-2]
+    masked = causal or tuple(window) != (-1, -1)
+    seen = _visible(nq, nk, causal, window) if masked else None
+    return q, k, v, scale, p, lse, kept, seen, sink
+
+
+def reference(q, k, v, *, causal=False, scale=None, window_size=(-1, -1),
+              softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
+              dropout_mask=None):
     """Float64 attention: returns ``(o, lse)`` with ``o (..., Nq, dv)`` and
     ``lse (..., Nq)``; NaN inputs follow the module's NaN rule.
+
+    The variants real models use, flash-attn's definitions: ``window_size``
+    ``(left, right)`` (-1: unbounded), ``softcap`` (the score is
+    ``softcap * tanh(score / softcap)``, before the mask), ``alibi_slopes``
+    (``-slope * |i + Nk - Nq - j|`` added), ``sinks`` (one logit per head in
+    the denominator only), dropout with the keep mask ``dropout_mask`` Z
+    (``P * Z / (1 - dropout_p)``; lse is the undropped one's). Per-head
+    arguments broadcast over q's leading dims.
 
     Explained in: notebooks/01_naive_attention.
 
     Tested in: tests/testing/test_testing_ring.py.
     """
-    q, k, v = check_qkv(q, k, v)
-    scale = check_scale(scale, q.shape[-1])
-    q, k, v = (x.astype(np.float64) for x in (q, k, v))
-    p, lse = _softmax_rows(_scores(q, k, causal, scale))
-    return _values(p, v, causal), lse
+    q, k, v, scale, p, lse, kept, seen, sink = _forward(
+        q, k, v, causal, scale, window_size, softcap, alibi_slopes, sinks,
+        dropout_p, dropout_mask)
+    return _values(kept, v, seen), lse
 
 
-def reference_backward(q, k, v, do, *, causal=False, scale=None):
-    """Float64 analytic gradients ``(dq, dk, dv)`` of ``sum(o * do)`` for ``o = reference(...)[0]``.
+def reference_backward(q, k, v, do, *, causal=False, scale=None, window_size=(-1, -1), softcap=0.0,
+                       alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_mask=None):
+    """Float64 analytic gradients ``(dq, dk, dv)`` of ``sum(o * do)`` for ``o = reference(...)[0]``,
+    and ``dsinks`` (shaped like q's leading dims: sum over batches yourself) as a fourth when
+    ``sinks`` is given.
 
-    Uses ``dS = P * (dP - rowsum(dO * O))`` (the softmax Jacobian). Rows that see no key have P = 0,
-    so they contribute nothing and their gradients are 0, never NaN.
+    Uses ``dS = P * (dP - rowsum(dO * O))`` (the softmax Jacobian); dropout scales dP by Z / (1 - p);
+    softcap multiplies dS by ``1 - tanh^2``; a sink's gradient is ``-sum_i exp(sink - lse_i) D_i``.
+    Rows that see no key have P = 0, so they contribute nothing and their gradients are 0, never NaN.
 
     Explained in: notebooks/05_backward.
 
     Tested in: tests/ladder/test_ladder_backward.py.
     """
-    q, k, v = check_qkv(q, k, v)
-    scale = check_scale(scale, q.shape[-1])
-    q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, do))
-    p, _ = _softmax_rows(_scores(q, k, causal, scale))
-    o = p @ v
-    dv = np.swapaxes(p, -1, -2) @ do
+    q, k, v, scale, p, lse, kept, _, sink = _forward(q, k, v, causal, scale, window_size, softcap,
+                                                     alibi_slopes, sinks, dropout_p, dropout_mask)
+    do = np.asarray(do, dtype=np.float64)
+    o = kept @ v
+    dv = np.swapaxes(kept, -1, -2) @ do
     dp = do @ np.swapaxes(v, -1, -2)
-    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True))
-    return scale * ds @ k, scale * np.swapaxes(ds, -1, -2) @ q, dv
+    if dropout_p > 0:
+        dp = dp * np.asarray(dropout_mask, dtype=bool) / (1.0 - dropout_p)
+    delta = (do * o).sum(axis=-1, keepdims=True)                    # D_i (..., Nq, 1)
+    ds = p * (dp - delta)
+    if softcap:
+        raw = scale * (q @ np.swapaxes(k, -1, -2))
+        ds = ds * (1.0 - np.tanh(raw / softcap) ** 2)
+    grads = (scale * ds @ k, scale * np.swapaxes(ds, -1, -2) @ q, dv)
+    if sink is None:
+        return grads
+    with np.errstate(invalid="ignore"):
+        share = np.where(np.isneginf(lse), 0.0, np.exp(sink[..., 0] - lse))   # exp(sink - lse_i)
+    return (*grads, -(share * delta[..., 0]).sum(axis=-1))
 
 
 def random_qkv(nq, nk, d, *, lead=(), dv=None, dtype=np.float64, seed=0):
@@ -168,11 +269,14 @@ def _np64(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def reference_gqa(q, k, v, *, causal=False, scale=None, do=None):
+def reference_gqa(q, k, v, *, causal=False, scale=None, do=None, **variants):
     """The float64 oracle for ``(B, H, N, d)`` tensors with GQA (kv head ``h // (H // Hkv)``).
 
     Takes torch tensors or arrays. Returns NumPy float64 ``(o, lse)``, or ``(o, lse, (dq, dk, dv))``
-    when ``do`` is given (dk, dv summed over each GQA group, shaped like k and v).
+    when ``do`` is given (dk, dv summed over each GQA group, shaped like k and v). ``variants``:
+    :func:`reference`'s (``window_size``, ``softcap``, ``alibi_slopes`` ``(H,)`` or ``(B, H)``,
+    ``sinks`` ``(H,)``, ``dropout_p`` with ``dropout_mask`` ``(B, H, Nq, Nk)``), per query head;
+    with ``sinks`` the gradients add ``dsinks`` ``(H,)``, summed over the batch.
     Explained in: notebooks/07_triton.
 
     Tested in: tests/test_api_packed_blocks.py.
@@ -182,12 +286,13 @@ def reference_gqa(q, k, v, *, causal=False, scale=None, do=None):
         raise ValueError(f"q, k must be (B, H, N, d) with H % Hkv == 0, got {q.shape} and {k.shape}")
     group = q.shape[1] // k.shape[1]
     kk, vv = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    o, lse = reference(q, kk, vv, causal=causal, scale=scale)
+    o, lse = reference(q, kk, vv, causal=causal, scale=scale, **variants)
     if do is None:
         return o, lse
-    dq, dk, dv = reference_backward(q, kk, vv, _np64(do), causal=causal, scale=scale)
+    dq, dk, dv, *dsinks = reference_backward(q, kk, vv, _np64(do), causal=causal, scale=scale, **variants)
     b, hkv, nk = k.shape[:3]
-    return o, lse, (dq, dk.reshape(b, hkv, group, nk, -1).sum(2), dv.reshape(b, hkv, group, nk, -1).sum(2))
+    grads = (dq, dk.reshape(b, hkv, group, nk, -1).sum(2), dv.reshape(b, hkv, group, nk, -1).sum(2))
+    return o, lse, grads + tuple(d.sum(0) for d in dsinks)
 
 
 def plain_torch_attention(q, k, v, *, causal=False, scale=None):
