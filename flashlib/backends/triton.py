@@ -52,12 +52,12 @@ def _tma_supported(*tensors) -> str | None:
 
 
 FORWARD = Family("triton forward", (
-    Variant("v1", "fa2_fwd.py: FlashAttention-2 forward, pointer loads (the default)"),
-    Variant("v4", "fa2_fwd_tma.py: the forward through tensor descriptors (TMA on sm_90)", _tma_supported),
+    Variant("v1", "fa2_fwd_v1.py: FlashAttention-2 forward, pointer loads (the default)"),
+    Variant("v4", "fa2_fwd_v4_tma.py: the forward through tensor descriptors (TMA on sm_90)", _tma_supported),
 ), env="FLASHLIB_TRITON_FWD", aliases={"tma": "v4"})
 BACKWARD = Family("triton backward", (
-    Variant("v2", "fa2_bwd.py: FlashAttention-2 backward, three kernels (the default)"),
-    Variant("v5", "fa2_bwd_tma.py: version 2 with its dK/dV kernel through tensor descriptors",
+    Variant("v2", "fa2_bwd_v2.py: FlashAttention-2 backward, three kernels (the default)"),
+    Variant("v5", "fa2_bwd_v5_tma.py: version 2 with its dK/dV kernel through tensor descriptors",
             _tma_supported),
 ), env="FLASHLIB_TRITON_BWD", aliases={"tma": "v5"})
 DECODE = Family("triton decode", (

@@ -373,7 +373,7 @@ def program_grid(B: int = 2, H: int = 2, nq: int = 1024, nk: int | None = None, 
     ax.set_xlabel(f"query block (rows; BLOCK_M = {bm})")
     ax.set_ylabel("batch · head")
     fig.colorbar(image, ax=ax, label=f"key blocks loaded (BLOCK_N = {bn})")
-    ax.set_title(f"fa2_fwd.grid({B}, {H}, {nq}, {bm}) = {programs} programs; cell: program id, "
+    ax.set_title(f"fa2_fwd_v1.grid({B}, {H}, {nq}, {bm}) = {programs} programs; cell: program id, "
                  f"whole + masked key blocks\n(Nq = {nq}, Nk = {nk}, {'causal' if causal else 'not causal'})",
                  fontsize=10)
     return fig

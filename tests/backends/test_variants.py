@@ -67,15 +67,19 @@ def test_the_api_argument_is_checked_against_the_backends_tables():
 
 
 def test_every_backend_names_its_versions_as_its_files_do():
-    """Triton's versions 1-5 and CUDA's v1-v3 are the names in the kernels' file headers and names."""
+    """Each version's summary names its file, which exists and carries the version: Triton's versions
+    1-5 and CUDA's v1-v3 (one scheme: <role>_v<N>[_<idea>])."""
     import pathlib
 
     import flashlib.kernels.cuda as cuda_kernels
-    csrc = {p.name for p in (pathlib.Path(cuda_kernels.__file__).parent / "csrc").glob("*.cu")}
-    for family in BACKENDS["cuda"].kernels.values():
-        for v in family.variants:
-            assert v.summary.split(":")[0] in csrc and f"_{v.name}_" in v.summary.split(":")[0] + "_" or \
-                v.summary.startswith("decode_v1_splitkv.cu"), v
+    import flashlib.kernels.triton as triton_kernels
+    folders = {"cuda": pathlib.Path(cuda_kernels.__file__).parent / "csrc",
+               "triton": pathlib.Path(triton_kernels.__file__).parent}
+    for backend, folder in folders.items():
+        for family in BACKENDS[backend].kernels.values():
+            for v in family.variants:
+                name = v.summary.split(":")[0]
+                assert (folder / name).is_file() and f"_{v.name}" in name, (backend, v)
     assert [f.names for f in BACKENDS["triton"].kernels.values()] == [("v1", "v4"), ("v2", "v5"), ("v3",)]
 
 

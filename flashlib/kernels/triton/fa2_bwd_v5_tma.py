@@ -142,6 +142,6 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, config_dkdv: Co
     scale = check_scale(scale, q.shape[-1])
     why = supported(q, k, v, do)
     if why is not None:
-        raise ValueError(f"fa2_bwd_tma.backward: {why}")
+        raise ValueError(f"fa2_bwd_v5_tma.backward: {why}")
     return fa2_bwd_v2.backward(q, k, v, o, lse, do, causal=causal, scale=scale, config_dkdv=config_dkdv,
                             config_dq=config_dq, dkdv_spec=DKDV_SPEC)

@@ -232,6 +232,6 @@ def forward(q, k, v, *, causal: bool, scale: float, config: Config | None = None
     scale = check_scale(scale, q.shape[-1])
     why = supported(q, k, v)
     if why is not None:
-        raise ValueError(f"fa2_fwd_tma.forward: {why}")
+        raise ValueError(f"fa2_fwd_v4_tma.forward: {why}")
     return fa2_fwd_v1.forward(q, k, v, causal=causal, scale=scale, config=config,
                            spec=SPEC_WARP_SPECIALIZED if warp_specialize else SPEC)

@@ -75,7 +75,7 @@ def test_version_2_runs_where_tma_cannot(tma_backward):
     o, lse, grads = run_triton(q, k, v, do, False)
     assert tma_backward == []
     assert_attention_right(q, k, v, do, causal=False, o=o, lse=lse, grads=grads)
-    with pytest.raises(ValueError, match="fa2_bwd_tma.backward: .*multiples of 16 bytes"):
+    with pytest.raises(ValueError, match="fa2_bwd_v5_tma.backward: .*multiples of 16 bytes"):
         fa2_bwd_v5_tma.backward(q, k, v, o, lse, do, causal=False, scale=0.1)
 
 

@@ -100,7 +100,7 @@ def test_supported_says_why_not_and_forward_refuses(make, expect):
     k, v = (x[..., :bad.shape[-1]].to(bad.dtype).contiguous() for x in (k, v))   # k, v as q: only q is bad
     why = fa2_fwd_v4_tma.supported(bad, k, v)
     assert why is not None and expect in why
-    with pytest.raises(ValueError, match="fa2_fwd_tma.forward"):
+    with pytest.raises(ValueError, match="fa2_fwd_v4_tma.forward"):
         tma_forward(bad, k, v, False)
 
 

@@ -228,7 +228,7 @@ def test_tma_opt_in_falls_back_to_versions_1_and_2_on_a_triton_without_descripto
     assert old in fa2_fwd_v4_tma.supported(q, k, v)
     assert triton_backend.forward_version(q, k, v) == "v1"
     assert triton_backend.backward_version(q, k, v, do) == "v2"
-    with pytest.raises(ValueError, match=f"fa2_fwd_tma.forward: triton {old}"):
+    with pytest.raises(ValueError, match=f"fa2_fwd_v4_tma.forward: triton {old}"):
         fa2_fwd_v4_tma.forward(q, k, v, causal=True, scale=0.125)
     q.requires_grad_(True)
     o = flashlib.attention(q, k, v, causal=True, backend="triton")      # versions 1 and 2 ran
