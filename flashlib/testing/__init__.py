@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..ladder._checks import check_qkv, check_scale
-from ..ladder.masks import causal_mask
 
 __all__ = ["reference", "reference_backward", "random_qkv", "max_error", "assert_close",
            "reference_gqa", "plain_torch_attention", "assert_fa_rule", "assert_attention_right",
@@ -295,11 +294,15 @@ def reference_gqa(q, k, v, *, causal=False, scale=None, do=None, **variants):
     return o, lse, grads + tuple(d.sum(0) for d in dsinks)
 
 
-def plain_torch_attention(q, k, v, *, causal=False, scale=None):
+def plain_torch_attention(q, k, v, *, causal=False, scale=None, window_size=(-1, -1), softcap=0.0,
+                          alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_mask=None):
     """Attention written plainly in torch, in the inputs' own dtype: the baseline of FlashAttention's
     error rule (a kernel may err at most 2x — 3x for gradients — what this errs against the oracle).
 
-    ``(B, H, Nq, d)`` / ``(B, Hkv, Nk, d)``, bottom-right causal, rows that see nothing give 0.
+    ``(B, H, Nq, d)`` / ``(B, Hkv, Nk, d)``, bottom-right causal, rows that see nothing give 0. The
+    variants as :func:`reference` takes them (``alibi_slopes`` ``(H,)`` or ``(B, H)`` and ``sinks``
+    ``(H,)`` per query head, ``dropout_mask`` ``(B, H, Nq, Nk)``); a ``sinks`` tensor that requires
+    grad gets its gradient.
     Explained in: notebooks/07_triton.
 
     Tested in: tests/kernels/cuda/test_cuda_kernels.py.
@@ -309,14 +312,30 @@ def plain_torch_attention(q, k, v, *, causal=False, scale=None):
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = (q @ k.transpose(-1, -2)) * scale                          # (B, H, Nq, Nk) in q's dtype
-    if not causal:
-        return torch.softmax(s, dim=-1) @ v
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     nq, nk = q.shape[-2], k.shape[-2]
-    visible = torch.as_tensor(causal_mask(0, nq, 0, nk, nq, nk), device=q.device)
+    if alibi_slopes is not None:                                   # -slope * |i + Nk - Nq - j|
+        dist = torch.as_tensor(np.abs(np.arange(nq)[:, None] + nk - nq - np.arange(nk)[None, :]),
+                               device=q.device, dtype=s.dtype)
+        slopes = torch.as_tensor(alibi_slopes, device=q.device).to(s.dtype)
+        s = s - slopes.expand(q.shape[:2])[..., None, None] * dist
+    masked = causal or tuple(window_size) != (-1, -1)
+    visible = torch.as_tensor(_visible(nq, nk, causal, window_size), device=q.device)
     seen = visible.any(-1, keepdim=True)                           # (Nq, 1): rows that see a key
     # A row that sees nothing softmaxes over all its keys and is then multiplied by 0: its output
     # and its gradients are 0, never NaN (softmax of an all -inf row would poison the backward).
-    p = torch.softmax(s.masked_fill(~(visible | ~seen), float("-inf")), dim=-1) * seen
+    if masked:
+        s = s.masked_fill(~(visible | ~seen), float("-inf"))
+    if sinks is None:
+        p = torch.softmax(s, dim=-1)
+    else:                                                          # the sink joins the softmax only
+        sink = sinks.to(s.dtype).expand(q.shape[:2])[..., None, None].expand(*s.shape[:-1], 1)
+        p = torch.softmax(torch.cat([s, sink], -1), dim=-1)[..., :-1]
+    if masked:
+        p = p * seen
+    if dropout_p:
+        p = p * torch.as_tensor(dropout_mask, device=q.device) / (1.0 - dropout_p)
     return p @ v
 
 
@@ -366,7 +385,8 @@ def assert_fa_rule(actual, baseline, expected, *, factor=2.0, floor=0.0, name="v
     return err, base
 
 
-def assert_attention_right(q, k, v, do, *, causal=False, o=None, lse=None, grads=None, floor=0.0):
+def assert_attention_right(q, k, v, do, *, causal=False, o=None, lse=None, grads=None, floor=0.0,
+                           **variants):
     """The project's accuracy standard for a torch attention result against the float64 oracle.
 
     ``q (B, H, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, ``do`` like q, any device; ``o``, ``lse`` and
@@ -375,14 +395,16 @@ def assert_attention_right(q, k, v, do, *, causal=False, o=None, lse=None, grads
     rule — at most 2x (o) or 3x (gradients) the error of :func:`plain_torch_attention` in the same
     dtype, plus ``floor`` (for baselines that are exact, e.g. dQ = 0 at Nq = Nk = 1; :data:`ROUNDING`:
     flash-attn's own slack, per quantity) — and lse (float32
-    sums of 16-bit products) within 2e-2. Returns a one-line note; raises AssertionError naming the
-    first quantity out of bounds. Explained in: notebooks/07_triton.
+    sums of 16-bit products) within 2e-2. ``variants``: :func:`reference`'s (window_size, softcap,
+    alibi_slopes, sinks, dropout_p with dropout_mask); with ``sinks``, ``grads`` may hold a fourth,
+    dsinks ``(H,)``. Returns a one-line note; raises AssertionError naming the first quantity out of
+    bounds. Explained in: notebooks/07_triton.
 
     Tested in: tests/kernels/triton/test_triton_decode_v3.py.
     """
     import torch
-    o_ref, lse_ref, g_ref = reference_gqa(q, k, v, causal=causal, do=do)
-    names = ("dq", "dk", "dv")
+    o_ref, lse_ref, g_ref = reference_gqa(q, k, v, causal=causal, do=do, **variants)
+    names = ("dq", "dk", "dv", "dsinks")
     if q.dtype == torch.float32:
         if o is not None:
             assert_close(o, o_ref, atol=2e-5, rtol=2e-5, name="o")
@@ -392,12 +414,19 @@ def assert_attention_right(q, k, v, do, *, causal=False, o=None, lse=None, grads
             assert_close(got, want, atol=1e-4, rtol=1e-4, name=n)
         return "fp32 within 2e-5 (grads 1e-4) of the float64 oracle"
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    base = plain_torch_attention(*leaves, causal=causal)
+    base_variants = dict(variants)
+    if variants.get("sinks") is not None:                    # the baseline's dsinks, in q's dtype
+        base_variants["sinks"] = torch.as_tensor(variants["sinks"], device=q.device).to(q.dtype)
+        base_variants["sinks"].requires_grad_()
+        leaves_all = leaves + [base_variants["sinks"]]
+    else:
+        leaves_all = leaves
+    base = plain_torch_attention(*leaves, causal=causal, **base_variants)
     if o is not None:
         assert_fa_rule(o, base, o_ref, factor=2.0, floor=floor, name="o")
     if lse is not None:
         assert_close(lse, lse_ref, atol=2e-2, rtol=2e-2, name="lse")
     if grads is not None:
-        for got, bg, want, n in zip(grads, torch.autograd.grad(base, leaves, do), g_ref, names):
+        for got, bg, want, n in zip(grads, torch.autograd.grad(base, leaves_all, do), g_ref, names):
             assert_fa_rule(got, bg, want, factor=3.0, floor=floor, name=n)
     return "within FlashAttention's rule (2x / 3x a plain same-dtype implementation)"

@@ -139,3 +139,43 @@ def test_bad_variants_are_named(kw, error, match):
     q, k, v = testing.random_qkv(4, 4, 8, lead=(2, 3))
     with pytest.raises(error, match=match):
         testing.reference(q, k, v, **kw)
+
+
+@settings(max_examples=40, deadline=None)
+@given(CASES)
+def test_the_plain_torch_baseline_takes_the_same_variants(c):
+    """plain_torch_attention (the FA rule's same-dtype baseline) in float64 is the oracle, gradients
+    (dsinks included) too; per-head arguments as (H,) with GQA."""
+    rng = np.random.default_rng(c["seed"])
+    q = torch.tensor(rng.standard_normal((2, 4, c["nq"], c["d"])), requires_grad=True)
+    k, v = (torch.tensor(rng.standard_normal((2, 2, c["nk"], c["d"])), requires_grad=True) for _ in range(2))
+    kw = dict(causal=c["causal"], window_size=(c["left"], c["right"]), softcap=c["softcap"])
+    if c["alibi"]:
+        kw["alibi_slopes"] = rng.uniform(0.05, 1.0, 4)
+    if c["dropout_p"]:
+        kw.update(dropout_p=c["dropout_p"], dropout_mask=rng.random((2, 4, c["nq"], c["nk"])) > c["dropout_p"])
+    sinks = torch.tensor(rng.standard_normal(4), requires_grad=True) if c["sinks"] else None
+    o = testing.plain_torch_attention(q, k, v, sinks=sinks, **kw)
+    do = torch.tensor(rng.standard_normal(o.shape))
+    want_o, _, want_g = testing.reference_gqa(q, k, v, do=do, sinks=None if sinks is None else sinks.detach(), **kw)
+    testing.assert_close(o, want_o, atol=1e-12, rtol=1e-10, name="o")
+    got_g = torch.autograd.grad(o, [q, k, v] + ([sinks] if sinks is not None else []), do)
+    for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got_g, want_g):
+        testing.assert_close(g, w, atol=1e-10, rtol=1e-8, name=name)
+
+
+def test_the_accuracy_standard_takes_the_variants():
+    """assert_attention_right with variants: a half-precision result from the baseline itself passes (its
+    error is the baseline's), one computed without the window fails, naming o."""
+    rng = np.random.default_rng(1)
+    q, k, v, do = (torch.tensor(rng.standard_normal((1, 2, 12, 16))).half() for _ in range(4))
+    kw = dict(causal=True, window_size=(3, -1), softcap=5.0, alibi_slopes=np.array([0.2, 0.7]),
+              sinks=np.array([0.1, -0.5]))
+    sinks = torch.tensor(kw["sinks"]).half().requires_grad_()
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o = testing.plain_torch_attention(*leaves, **{**kw, "sinks": sinks})
+    grads = torch.autograd.grad(o, leaves + [sinks], do)
+    testing.assert_attention_right(q, k, v, do, o=o, grads=grads, **kw)
+    wrong = testing.plain_torch_attention(q, k, v, **{**kw, "window_size": (-1, -1), "sinks": sinks.detach()})
+    with pytest.raises(AssertionError, match="^o"):
+        testing.assert_attention_right(q, k, v, do, o=wrong, **kw)
