@@ -6,10 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from conftest import need_module
 
-from flashlib import testing
+need_module("hypothesis")  # skip the module, saying why, where hypothesis is missing
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from flashlib import testing  # noqa: E402
 
 
 def from_definitions(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, slopes=None,
