@@ -48,8 +48,9 @@ def kernel_kw(name):
 
 
 def forward_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd):
-    """The forward of the op and of :class:`Attention`: ``(o, lse)``, contiguous (the op's promise: see
-    its fake), from the backend; empty or meta inputs answered without one."""
+    """The forward of the op, and of :func:`flashlib.attention` for eager inference: ``(o, lse)``,
+    contiguous (the op's promise: see its fake), from the backend; empty or meta inputs answered
+    without one. (:class:`Attention`'s forward does the same inline: one frame fewer under autograd.)"""
     if _nothing_to_compute(q):
         return _fake_outputs(q)
     o, lse = BACKENDS[backend].forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,

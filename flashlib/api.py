@@ -15,8 +15,8 @@ Three thin layers, as in flash-attn's interface:
    inference, the autograd Function when only autograd needs a backward, the op for torch.compile.
 
 From ``flashlib.attention`` to a Triton kernel's launch there are at most 6 flashlib frames, with or
-without grad: this function, the autograd Function's forward (with grad), the backend's forward, the
-kernel's launcher, :meth:`KernelSpec.launch <flashlib.kernels.triton.spec.KernelSpec.launch>` and the
+without grad: this function, the autograd Function's forward (with grad) or ``_ops.forward_impl``
+(without), the backend's forward, the kernel's launcher, :meth:`KernelSpec.launch <flashlib.kernels.triton.spec.KernelSpec.launch>` and the
 launch itself (tests/test_frames.py counts them).
 
 Importing this module imports neither torch nor triton; both are imported when first used.
@@ -106,13 +106,8 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
     # The cheapest way that is still correct (_ops.path): the backend itself for eager inference, the
     # autograd Function when only autograd needs a backward, the custom op for torch.compile & co.
     way = _ops.path(q, k, v)
-    if way == "backend" and q.numel() and not q.is_meta:
-        o, lse = chosen.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
-                                blocks=(bq, bk), **_ops.kernel_kw(kf))
-        o, lse = o.contiguous(), lse.contiguous()
-    else:
-        run = _ops.attention_op if way == "op" else _ops.Attention.apply
-        o, lse = run(q, k, v, causal, scale, allow_tf32, chosen.name, bq, bk, kf, kb)
+    run = {"backend": _ops.forward_impl, "function": _ops.Attention.apply}.get(way, _ops.attention_op)
+    o, lse = run(q, k, v, causal, scale, allow_tf32, chosen.name, bq, bk, kf, kb)
     return (o, lse) if return_lse else o
 
 

@@ -47,6 +47,11 @@ def _visible(nq: int, nk: int, causal: bool, window) -> np.ndarray:
     return seen
 
 
+def _distance(nq: int, nk: int) -> np.ndarray:
+    """``|i + Nk - Nq - j|`` ``(Nq, Nk)``: how far key j is from query i's diagonal key (ALiBi's)."""
+    return np.abs(np.arange(nq)[:, None] + (nk - nq) - np.arange(nk)[None, :])
+
+
 def _check_variants(q, window, softcap, alibi_slopes, sinks, dropout_p, dropout_mask):
     """The variants' arguments checked (ValueError/TypeError naming the argument); returned as
     float64 arrays broadcast over q's leading dims where they are per head."""
@@ -84,8 +89,7 @@ def _scores(q, k, causal, scale, window=(-1, -1), softcap=0.0, slopes=None):
         s = softcap * np.tanh(s / softcap)
     nq, nk = q.shape[-2], k.shape[-2]
     if slopes is not None:                    # -slope * |i + Nk - Nq - j|
-        diag = np.arange(nq)[:, None] + (nk - nq)   # query i's diagonal key
-        s = s - slopes * np.abs(diag - np.arange(nk)[None, :])
+        s = s - slopes * _distance(nq, nk)
     if causal or tuple(window) != (-1, -1):
         s = np.where(_visible(nq, nk, causal, window), s, -np.inf)
     return s
@@ -316,8 +320,7 @@ def plain_torch_attention(q, k, v, *, causal=False, scale=None, window_size=(-1,
         s = softcap * torch.tanh(s / softcap)
     nq, nk = q.shape[-2], k.shape[-2]
     if alibi_slopes is not None:                                   # -slope * |i + Nk - Nq - j|
-        dist = torch.as_tensor(np.abs(np.arange(nq)[:, None] + nk - nq - np.arange(nk)[None, :]),
-                               device=q.device, dtype=s.dtype)
+        dist = torch.as_tensor(_distance(nq, nk), device=q.device, dtype=s.dtype)
         slopes = torch.as_tensor(alibi_slopes, device=q.device).to(s.dtype)
         s = s - slopes.expand(q.shape[:2])[..., None, None] * dist
     masked = causal or tuple(window_size) != (-1, -1)

@@ -154,8 +154,12 @@ def _table_spec(kernel):
 
 
 def _cc(arch: str) -> int:
-    """The compute capability of ``arch`` as a number: "sm_90a" -> 90."""
-    return int(arch.removeprefix("sm_").rstrip("a"))
+    """The compute capability of ``arch`` as a number: "sm_90a" -> 90. ValueError naming ``arch`` if it
+    is not of that form."""
+    digits = arch.removeprefix("sm_").rstrip("a") if isinstance(arch, str) and arch.startswith("sm_") else ""
+    if not digits.isdigit():
+        raise ValueError(f"arch must be a CUDA architecture like 'sm_80' or 'sm_90a', got {arch!r}")
+    return int(digits)
 
 
 def _limit_bytes(arch: str) -> int:

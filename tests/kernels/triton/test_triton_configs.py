@@ -246,4 +246,7 @@ def test_a_kernels_tables_pick_by_architecture_and_tile_width():
     assert dataclasses.replace(t, sm90=(Config(128, 64),)).for_arch("sm_90", 2) == (Config(128, 64),)
     with pytest.raises(ValueError, match="elem_bytes must be 2 .* or 4"):
         t.for_arch("sm_80", 8)
+    for arch in ("hopper", "sm_x", 90):
+        with pytest.raises(ValueError, match=f"arch must be a CUDA architecture like 'sm_80'.*got {arch!r}"):
+            t.for_arch(arch, 2)
     assert fa2_bwd_v2.DKDV_SPEC.tables is fa2_bwd_v2.DKDV_CONFIGS and tables.SPECS[1] is fa2_bwd_v2.DKDV_SPEC
