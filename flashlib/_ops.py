@@ -33,7 +33,7 @@ from .backends import BACKENDS
 if "triton" not in sys.modules and importlib.util.find_spec("triton") is not None:
     from .kernels import triton as _flashlib_triton  # noqa: F401
 
-__all__ = ["attention_op", "decode_op", "Attention", "forward_impl", "decode_impl", "kernel_kw", "path"]
+__all__ = ["attention_op", "decode_op", "Attention", "forward_impl", "decode_impl", "kernel_kw", "variant_kw", "path"]
 
 
 def _nothing_to_compute(q) -> bool:
@@ -47,34 +47,71 @@ def kernel_kw(name):
     return {} if name is None else {"kernel": name}
 
 
-def forward_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd):
+def variant_kw(window_size, softcap, alibi_slopes, sinks, dropout_p=0.0, dropout_seed=None) -> dict:
+    """The keywords a backend gets for the attention variants: only those in use (a backend without
+    variants, registered by a user, is never passed one). ``window_size`` and ``dropout_seed`` arrive
+    as the ops' int lists."""
+    kw = {}
+    if tuple(window_size) != (-1, -1):
+        kw["window_size"] = tuple(window_size)
+    if softcap > 0:
+        kw["softcap"] = softcap
+    if alibi_slopes is not None:
+        kw["alibi_slopes"] = alibi_slopes
+    if sinks is not None:
+        kw["sinks"] = sinks.detach().contiguous()
+    if dropout_p > 0:
+        kw["dropout_p"] = dropout_p
+        kw["dropout_seed"] = tuple(dropout_seed)
+    return kw
+
+
+NO_VARIANTS = ((-1, -1), 0.0, None, None, 0.0, (0, 0))   # the ops' variant arguments when none is used
+
+
+def forward_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd,
+                 *variants):
     """The forward of the op, and of :func:`flashlib.attention` for eager inference: ``(o, lse)``,
     contiguous (the op's promise: see its fake), from the backend; empty or meta inputs answered
-    without one. (:class:`Attention`'s forward does the same inline: one frame fewer under autograd.)"""
+    without one. ``variants``: window_size, softcap, alibi_slopes, sinks, dropout_p, dropout_seed.
+    (:class:`Attention`'s forward does the same inline: one frame fewer under autograd.)"""
+    variants = variants or NO_VARIANTS
     if _nothing_to_compute(q):
         return _fake_outputs(q)
     o, lse = BACKENDS[backend].forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
-                                       blocks=(block_q, block_k), **kernel_kw(kernel_fwd))
+                                       blocks=(block_q, block_k), **kernel_kw(kernel_fwd),
+                                       **variant_kw(*variants))
     return o.contiguous(), lse.contiguous()
 
 
 def _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd,
-              kernel_bwd):
+              kernel_bwd, *variants):
+    """``(dq, dk, dv, dsinks)``; ``dsinks`` is empty when there are no sinks (an op returns tensors)."""
+    variants = variants or NO_VARIANTS
+    sinks = variants[3]
     if _nothing_to_compute(q):                        # no query: no gradient anywhere
-        return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+        grads = tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+        return (*grads, _no_dsinks(q) if sinks is None else torch.zeros_like(sinks))
     grads = BACKENDS[backend].backward(q, k, v, o, lse, do, causal=causal, scale=scale,
                                        allow_tf32=allow_tf32, blocks=(block_q, block_k),
-                                       **kernel_kw(kernel_bwd))
-    return tuple(g.contiguous() for g in grads)
+                                       **kernel_kw(kernel_bwd), **variant_kw(*variants))
+    dq, dk, dv = (g.contiguous() for g in grads[:3])
+    dsinks = _no_dsinks(q) if sinks is None else grads[3].to(sinks.dtype).contiguous()
+    return dq, dk, dv, dsinks
 
 
-def decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel):
+def _no_dsinks(q):
+    return q.new_zeros((0,), dtype=torch.float32)
+
+
+def decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel, *variants):
     """The decode of the op: ``(o, lse)``, contiguous, from the backend; empty or meta inputs answered
-    without one."""
+    without one. ``variants``: window_size, softcap, alibi_slopes, sinks."""
+    variants = variants or NO_VARIANTS[:4]
     if _nothing_to_compute(q):
         return _fake_outputs(q)
     o, lse = BACKENDS[backend].decode(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
-                                      scale=scale, **kernel_kw(kernel))
+                                      scale=scale, **kernel_kw(kernel), **variant_kw(*variants))
     return o.contiguous(), lse.contiguous()
 
 
@@ -86,11 +123,21 @@ def _fake_outputs(q):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *args = inputs                   # causal, scale, allow_tf32, backend, blocks, kernels
+    q, k, v, *args = inputs          # causal, scale, allow_tf32, backend, blocks, kernels, variants
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.args = tuple(args)
     ctx.mark_non_differentiable(lse)                   # lse is an output to read, not to train
+
+
+def _grads(ctx, dq, dk, dv, dsinks):
+    """Autograd's answer for every input of the forward: q, k, v, then None for the arguments, and
+    dsinks at the sinks' place (index 11 of the arguments) when sinks need one."""
+    nones = [None] * len(ctx.args)              # a caller may leave the variants out: then no sinks
+    sinks = ctx.args[11] if len(ctx.args) > 11 else None
+    if sinks is not None and sinks.requires_grad:
+        nones[11] = dsinks
+    return (dq, dk, dv, *nones)
 
 
 class Attention(torch.autograd.Function):
@@ -100,15 +147,18 @@ class Attention(torch.autograd.Function):
     most 6 frames, tests/test_frames.py)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd):
+    def forward(ctx, q, k, v, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd,
+                *variants):
+        variants = variants or NO_VARIANTS
         if _nothing_to_compute(q):
             o, lse = _fake_outputs(q)
         else:
             o, lse = BACKENDS[backend].forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
-                                               blocks=(block_q, block_k), **kernel_kw(kernel_fwd))
+                                               blocks=(block_q, block_k), **kernel_kw(kernel_fwd),
+                                               **variant_kw(*variants))
             o, lse = o.contiguous(), lse.contiguous()
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = (causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd)
+        ctx.args = (causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd, *variants)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -126,17 +176,23 @@ class Attention(torch.autograd.Function):
             grads = attention_bwd(q, k, v, o, lse, do.contiguous(), *ctx.args)
         else:
             grads = _bwd_impl(q, k, v, o, lse, do.contiguous(), *ctx.args)
-        return (*grads, None, None, None, None, None, None, None, None)
+        return _grads(ctx, *grads)
 
+
+_VARIANT_SCHEMA = ("int[] window_size=[-1, -1], float softcap=0.0, Tensor? alibi_slopes=None,"
+                   " Tensor? sinks=None, float dropout_p=0.0, int[] dropout_seed=[0, 0]")
 
 if hasattr(torch.library, "custom_op"):
     # "No choice" (blocks, kernels) is None all the way down: the schema's optional ints and strs.
     @torch.library.custom_op("flashlib::attention_fwd", mutates_args=(), schema=(
         "(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool allow_tf32, str backend,"
-        " int? block_q, int? block_k, str? kernel_fwd, str? kernel_bwd) -> (Tensor, Tensor)"))
-    def attention_fwd(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd):
+        " int? block_q, int? block_k, str? kernel_fwd, str? kernel_bwd, " + _VARIANT_SCHEMA +
+        ") -> (Tensor, Tensor)"))
+    def attention_fwd(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd, kernel_bwd,
+                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
+                      dropout_seed=(0, 0)):
         return forward_impl(q, k, v, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd,
-                            kernel_bwd)
+                            kernel_bwd, window_size, softcap, alibi_slopes, sinks, dropout_p, dropout_seed)
 
     @attention_fwd.register_fake
     def _(q, k, v, *args):
@@ -144,21 +200,24 @@ if hasattr(torch.library, "custom_op"):
 
     @torch.library.custom_op("flashlib::attention_bwd", mutates_args=(), schema=(
         "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, float scale,"
-        " bool allow_tf32, str backend, int? block_q, int? block_k, str? kernel_fwd, str? kernel_bwd)"
-        " -> (Tensor, Tensor, Tensor)"))
+        " bool allow_tf32, str backend, int? block_q, int? block_k, str? kernel_fwd, str? kernel_bwd, "
+        + _VARIANT_SCHEMA + ") -> (Tensor, Tensor, Tensor, Tensor)"))
     def attention_bwd(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k, kernel_fwd,
-                      kernel_bwd):
+                      kernel_bwd, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+                      dropout_p=0.0, dropout_seed=(0, 0)):
         return _bwd_impl(q, k, v, o, lse, do, causal, scale, allow_tf32, backend, block_q, block_k,
-                         kernel_fwd, kernel_bwd)
+                         kernel_fwd, kernel_bwd, window_size, softcap, alibi_slopes, sinks, dropout_p,
+                         dropout_seed)
 
     @attention_bwd.register_fake
-    def _(q, k, v, *args):
-        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    def _(q, k, v, o, lse, do, *args):
+        sinks = args[11] if len(args) > 11 else None
+        dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else sinks.new_empty(sinks.shape)
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
     def _backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = attention_bwd(q, k, v, o, lse, do.contiguous(), *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return _grads(ctx, *attention_bwd(q, k, v, o, lse, do.contiguous(), *ctx.args))
 
     attention_fwd.register_autograd(_backward, setup_context=_setup_context)
     attention_op = attention_fwd
@@ -166,9 +225,13 @@ if hasattr(torch.library, "custom_op"):
     # Decode is inference only: no autograd registered (flashlib.decode refuses inputs needing grad).
     @torch.library.custom_op("flashlib::decode", mutates_args=(), schema=(
         "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, int num_splits, float scale,"
-        " str backend, str? kernel) -> (Tensor o, Tensor lse)"))
-    def decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel):
-        return decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel)
+        " str backend, str? kernel, int[] window_size=[-1, -1], float softcap=0.0, Tensor? alibi_slopes=None,"
+        " Tensor? sinks=None)"
+        " -> (Tensor o, Tensor lse)"))
+    def decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel, window_size=(-1, -1),
+                  softcap=0.0, alibi_slopes=None, sinks=None):
+        return decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel,
+                           window_size, softcap, alibi_slopes, sinks)
 
     @decode_op.register_fake
     def _(q, *args):

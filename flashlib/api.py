@@ -27,16 +27,17 @@ from __future__ import annotations
 
 from . import backends
 from .backends.variants import check_decode_kernel, check_kernel
-from .validation import (MAX_HEAD_DIM, check_block, check_cache_seqlens, check_flag, check_num_splits,
-                         check_scale, check_tensors)
+from .validation import (MAX_HEAD_DIM, check_block, check_cache_seqlens, check_dropout_seed, check_flag,
+                         check_num_splits, check_scale, check_tensors, check_variants)
 
-__all__ = ["attention", "attention_qkvpacked", "decode", "default_num_splits", "MAX_HEAD_DIM"]
+__all__ = ["attention", "attention_qkvpacked", "decode", "default_num_splits", "dropout_mask", "MAX_HEAD_DIM"]
 
 CPU_SPLIT_SMS = 4       # decode's split heuristic on a CPU: pretend to fill 4 "SMs" (a fixed rule)
 
 
-def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="auto", allow_tf32=False,
-              block_q=None, block_k=None, kernel=None):
+def attention(q, k, v, *, causal=False, scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+              sinks=None, dropout_p=0.0, dropout_seed=None, return_lse=False, backend="auto",
+              allow_tf32=False, block_q=None, block_k=None, kernel=None):
     """Exact attention ``softmax(scale · q kᵀ) v``, FlashAttention-2 style, differentiable.
 
     Args:
@@ -55,6 +56,22 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
     one rule here: its math backend spreads it to every row). A query that sees no key still outputs
     0 and ``-inf``. Gradients of a NaN row are not specified.
         scale: softmax scale, default ``d ** -0.5``.
+        window_size: ``(left, right)``, -1 for unbounded (flash-attn's sliding window): query ``i``
+            sees key ``j`` iff ``i + Nk - Nq - left <= j <= i + Nk - Nq + right``; combines with
+            ``causal`` (which is ``right = 0``). Default ``(-1, -1)``: no window.
+        softcap: ``c > 0`` caps the scores, ``c · tanh(scale · q·k / c)`` before the mask (Gemma 2
+            uses 50). 0.0: off.
+        alibi_slopes: None, or float32 ``(H,)`` or ``(B, H)`` on q's device, one slope per query
+            head: ``-slope · |i + Nk - Nq - j|`` is added to the (capped) scaled score. No gradient.
+        sinks: None, or a float32 ``(H,)`` tensor on q's device: one logit per query head that
+            joins the softmax's denominator only (gpt-oss, FlashInfer):
+            ``P_ij = exp(S_ij) / (sum_j exp(S_ij) + exp(sink_h))``; ``lse`` includes it. A row that
+            sees no key outputs 0 with ``lse = sink_h``. Differentiable.
+        dropout_p: dropout on P after the softmax, ``P · Z / (1 - p)``; ``lse`` is undropped.
+            Z is Philox's (:mod:`flashlib.ladder.dropout`), the same bits on every backend;
+            :func:`dropout_mask` returns it. 0.0: off (pass 0.0 in evaluation).
+        dropout_seed: None (a fresh ``(seed, offset)`` from torch's default generator, so
+            ``torch.manual_seed`` reproduces the call) or a pair of ints ``(seed, offset)``.
         return_lse: also return ``lse``, the natural-log log-sum-exp of the scaled (masked) scores,
             float32 ``(B, H, Nq)`` (float64 for float64 inputs). It carries no gradient.
         backend: "triton" (flashlib.kernels.triton; on CPU tensors, Triton's interpreter — no environment
@@ -98,22 +115,54 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, backend="a
     return_lse = check_flag(return_lse, "return_lse")
     allow_tf32 = check_flag(allow_tf32, "allow_tf32")
     scale = check_scale(scale, q.shape[-1])
-    chosen = backends.resolve(backend, q, "attention")
+    used = check_variants(q, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                          sinks=sinks, dropout_p=dropout_p, dropout_seed=dropout_seed)
+    chosen = backends.resolve(backend, q, "attention", used)
     bq = None if block_q is None else check_block(block_q, "block_q")   # None: the backend chooses
     bk = None if block_k is None else check_block(block_k, "block_k")
     kf, kb = check_kernel(kernel, chosen.name, chosen.kernels)
     from . import _ops# autograd and the custom ops (imports torch on first use)
     # The cheapest way that is still correct (_ops.path): the backend itself for eager inference, the
     # autograd Function when only autograd needs a backward, the custom op for torch.compile & co.
-    way = _ops.path(q, k, v)
+    way = _ops.path(q, k, v, used.get("sinks"))
     run = {"backend": _ops.forward_impl, "function": _ops.Attention.apply}.get(way, _ops.attention_op)
-    o, lse = run(q, k, v, causal, scale, allow_tf32, chosen.name, bq, bk, kf, kb)
+    o, lse = run(q, k, v, causal, scale, allow_tf32, chosen.name, bq, bk, kf, kb, *_op_variants(used))
     return (o, lse) if return_lse else o
 
 
-def attention_qkvpacked(qkv, *, causal=False, scale=None, return_lse=False,
-                        backend="auto", allow_tf32=False, block_q=None,
-                        block_k=None, kernel=None):
+def _op_variants(used: dict) -> tuple:
+    """The ops' variant arguments (window_size, softcap, alibi_slopes, sinks, dropout_p,
+    dropout_seed) from :func:`~flashlib.validation.check_variants`' dict."""
+    return (list(used.get("window_size", (-1, -1))), used.get("softcap", 0.0), used.get("alibi_slopes"),
+            used.get("sinks"), used.get("dropout_p", 0.0), list(used.get("dropout_seed", (0, 0))))
+
+
+def dropout_mask(q, k, dropout_p, dropout_seed):
+    """Z, the keep mask ``attention(q, k, v, dropout_p=dropout_p, dropout_seed=dropout_seed)`` applies:
+    bool ``(B, H, Nq, Nk)`` on q's device, True where P is kept (and scaled by ``1 / (1 - p)``), as
+    flash-attn's ``return_attn_probs`` exposes it. Drawn from the counter-based RNG every backend
+    uses (:func:`flashlib.ladder.dropout.keep_mask`: Philox4x32-10, Triton's ``tl.rand``), so no mask
+    is ever stored: the backward regenerates it. To see the mask of a call that drew its own seed,
+    draw it first: ``seed = flashlib.validation.draw_dropout_seed()`` and pass it to both.
+
+    Explained in: notebooks/09_real_models.
+    Tested in: tests/test_api_variants.py.
+    """
+    import torch
+    from .ladder.dropout import keep_mask
+    check_tensors(q, k, k)
+    check_variants(q, dropout_p=dropout_p)
+    seed, offset = check_dropout_seed(dropout_seed)
+    B, H, NQ, NK = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    z = keep_mask(seed, offset, (B, H, NQ, NK), float(dropout_p))
+    return torch.from_numpy(z).to(q.device)
+
+
+def attention_qkvpacked(qkv, *, causal=False, scale=None,
+                        window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                        sinks=None, dropout_p=0.0, dropout_seed=None,
+                        return_lse=False, backend="auto", allow_tf32=False,
+                        block_q=None, block_k=None, kernel=None):
     """:func:`attention` on a packed ``qkv`` ``(B, N, 3, H, d)`` — the layout
     a fused QKV projection produces (flash-attn's
     ``flash_attn_qkvpacked_func``; flash-attention-ipu's packed entry point).
@@ -121,10 +170,11 @@ def attention_qkvpacked(qkv, *, causal=False, scale=None, return_lse=False,
     Q, K and V are strided views of ``qkv`` (no copy on "triton"). Returns
     ``o`` ``(B, N, H, d)`` (and ``lse`` ``(B, H, N)`` if ``return_lse``);
     gradients flow back into ``qkv``. ``block_q`` / ``block_k`` choose the
-    query and key chunking, ``kernel`` the kernel version, as in
-    :func:`attention`.
+    query and key chunking, ``kernel`` the kernel version, and the variants
+    (``window_size``, ``softcap``, ``alibi_slopes``, ``sinks``,
+    ``dropout_p``, ``dropout_seed``) are as in :func:`attention`.
 
-    Explained in: notebooks/09_models.
+    Explained in: notebooks/10_models.
     Tested in: tests/test_api_packed_blocks.py.
     """
     import torch
@@ -137,6 +187,9 @@ def attention_qkvpacked(qkv, *, causal=False, scale=None, return_lse=False,
     # (B, H, N, d) views
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     out = attention(q, k, v, causal=causal, scale=scale,
+                    window_size=window_size, softcap=softcap,
+                    alibi_slopes=alibi_slopes, sinks=sinks,
+                    dropout_p=dropout_p, dropout_seed=dropout_seed,
                     return_lse=return_lse, backend=backend,
                     allow_tf32=allow_tf32, block_q=block_q, block_k=block_k,
                     kernel=kernel)
@@ -163,22 +216,31 @@ def default_num_splits(q, k_cache) -> int:
     return _default_num_splits(q, k_cache)
 
 
-def _default_num_splits(q, k_cache) -> int:
-    """:func:`default_num_splits` of checked tensors (decode has checked them: no second check)."""
+def _band(q, k_cache, window_size=(-1, -1)) -> int:
+    """How many cache entries a decode call can read per sequence: Nmax, or with a left window L the
+    last ``L + Nq`` of a sequence (its queries sit at its end), whichever is fewer."""
+    left, nmax = window_size[0], k_cache.shape[2]
+    return nmax if left < 0 else min(nmax, left + q.shape[2])
+
+
+def _default_num_splits(q, k_cache, window_size=(-1, -1)) -> int:
+    """:func:`default_num_splits` of checked tensors (decode has checked them: no second check); a
+    sliding window counts its band, not the cache (:func:`_band`)."""
     from .ladder.decoding import choose_num_splits
     B, H, NQ, _ = q.shape
-    hkv, nmax = k_cache.shape[1], k_cache.shape[2]
+    hkv = k_cache.shape[1]
     row_blocks = -(-(H // hkv) * NQ // 64)
     if B * hkv * row_blocks == 0:
         return 1                                         # an empty batch: nothing to split
     from .hardware import device_facts
     facts = device_facts(q.device)                       # the driver's (once per device), or a rehearsed GPU's
     sms = facts.sms if facts is not None else CPU_SPLIT_SMS
-    return choose_num_splits(B * hkv, row_blocks, max(nmax, 1), sms, block_k=256)
+    return choose_num_splits(B * hkv, row_blocks, max(_band(q, k_cache, window_size), 1), sms, block_k=256)
 
 
-def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=None, return_lse=False,
-           backend="auto", kernel=None):
+def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=None, window_size=(-1, -1),
+           softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0, return_lse=False, backend="auto",
+           kernel=None):
     """Attention of a few new queries to a KV cache, Flash-Decoding style (split-KV, then combine).
 
     Args:
@@ -203,6 +265,10 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
             ``ceil(Nmax / 16)``. The splits dropped would be empty and add nothing: the answer is the
             same.
         scale: softmax scale, default ``d ** -0.5``.
+        window_size, softcap, alibi_slopes, sinks: as for :func:`attention`, aligned at each
+            sequence's own end: query ``i`` of sequence b sits at position ``i + len_b - Nq``
+            (``len_b`` its cache length), so ``window_size=(W - 1, 0)`` sees the last W keys.
+        dropout_p: must be 0.0 (decode is inference; a ValueError otherwise).
         return_lse: also return the float32 ``lse (B, H, Nq)`` (natural log).
         backend: "triton", "reference", "cuda" or "auto", as for :func:`attention`.
         kernel: the decode kernel's version (None: the backend's; each backend has one today,
@@ -226,22 +292,27 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
     check_tensors(q, k_cache, v_cache, k_name="k_cache", v_name="v_cache")
     if cache_seqlens is not None:                     # None travels down: no lengths tensor to fill
         cache_seqlens = check_cache_seqlens(cache_seqlens, q, k_cache.shape[2])
-    num_splits = (_default_num_splits(q, k_cache) if num_splits is None
+    used = check_variants(q, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                          sinks=sinks, dropout_p=dropout_p, op="decode")
+    window = used.get("window_size", (-1, -1))
+    num_splits = (_default_num_splits(q, k_cache, window) if num_splits is None
                   else check_num_splits(num_splits))
-    num_splits = min(num_splits, k_cache.shape[2])   # a split of no key adds nothing (Nmax >= 1)
+    # a split of no key adds nothing (Nmax >= 1); a window's band is all a sequence can read
+    num_splits = min(num_splits, max(_band(q, k_cache, window), 1))
     return_lse = check_flag(return_lse, "return_lse")
     scale = check_scale(scale, q.shape[-1])
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k_cache, v_cache)):
         raise ValueError("decode is inference-only (not differentiable), but q, k_cache or v_cache "
                          "requires grad: call it under torch.no_grad(), or use flashlib.attention")
-    chosen = backends.resolve(backend, q, "decode")
+    chosen = backends.resolve(backend, q, "decode", used)
     kernel = check_decode_kernel(kernel, chosen.name, chosen.kernels)
     from . import _ops# the op torch.compile sees (first use only)
     # the backend itself, or the op where torch.compile & co. need one (_ops.path; decode has no
     # autograd: "function" cannot arise, as inputs that need a gradient were refused above)
     if _ops.path(q, k_cache, v_cache, cache_seqlens) == "op":
-        o, lse = _ops.decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, chosen.name, kernel)
+        o, lse = _ops.decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, chosen.name, kernel,
+                                *_op_variants(used)[:4])
     else:
         o, lse = _ops.decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, chosen.name,
-                                  kernel)
+                                  kernel, *_op_variants(used)[:4])
     return (o, lse) if return_lse else o

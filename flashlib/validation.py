@@ -18,7 +18,8 @@ import math
 import numbers
 
 __all__ = ["MAX_HEAD_DIM", "check_tensors", "check_scale", "check_flag", "check_block",
-           "check_num_splits", "check_cache_seqlens"]
+           "check_num_splits", "check_cache_seqlens", "check_window", "check_variants",
+           "check_dropout_seed", "draw_dropout_seed", "VARIANT_NAMES"]
 
 MAX_HEAD_DIM = 256          # the largest head dim every backend supports
 
@@ -28,7 +29,7 @@ def check_tensors(q, k, v, *, k_name: str = "k", v_name: str = "v") -> None:
     one device, ``H % Hkv == 0`` (GQA), ``Nq, Nk >= 1`` and ``1 <= d <= 256``.
 
     ``k_name``, ``v_name``: how the messages call k and v (``"k_cache"`` for decode).
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/test_validation.py.
     """
     import torch
@@ -87,7 +88,7 @@ def check_flag(value, name: str) -> bool:
     naming ``name``: a merely truthy value (``"False"``, ``1``, ``None``) is refused, never taken
     literally. The torch API and the NumPy ladder both check their flags here.
 
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/test_validation.py.
     """
     if isinstance(value, bool):
@@ -148,7 +149,7 @@ def lengths_as_int32(cache_seqlens, nmax: int):
 def check_num_splits(num_splits) -> int:
     """Flash-Decoding's number of K/V splits: an int >= 1.
 
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/test_validation.py.
     """
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
@@ -169,7 +170,7 @@ def check_cache_seqlens(cache_seqlens, q, nmax: int):
     the cache. The same holds while ``torch.compile`` traces a call (a value read there would split the
     compiled graph), whatever the device.
 
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/test_validation.py.
     """
     import torch
@@ -194,3 +195,109 @@ def check_cache_seqlens(cache_seqlens, q, nmax: int):
         raise ValueError(f"cache_seqlens must lie in [0, {nmax}] (Nmax of k_cache), got values in "
                          f"[{lo}, {hi}]")
     return cache_seqlens
+
+
+VARIANT_NAMES = ("window_size", "softcap", "alibi_slopes", "sinks", "dropout_p")
+MAX_DROPOUT_SEED = 2 ** 63 - 1      # a seed is any non-negative int64
+MAX_DROPOUT_OFFSET = 2 ** 40        # room for the counters: offset + B·H·Nq·Nk < 2**63
+
+
+def check_window(window_size) -> tuple[int, int]:
+    """flash-attn's sliding window ``(left, right)``: two ints >= 0, or -1 for "unbounded" on that
+    side. Query i sees key j iff ``i + Nk - Nq - left <= j <= i + Nk - Nq + right``.
+
+    Explained in: notebooks/09_real_models.
+    Tested in: tests/test_validation.py.
+    """
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair (left, right) of ints, -1 for unbounded, got "
+                        f"{window_size!r}")
+    left, right = (check_int(w, "window_size entries", -1, why=" (-1: unbounded)") for w in window_size)
+    return left, right
+
+
+def _per_head(x, name: str, q, shapes: tuple) -> None:
+    import torch
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(x).__name__}")
+    # float32, as flash-attn's; float64 inputs (the reference backend) may take float64 ones
+    if x.dtype != torch.float32 and not (x.dtype == q.dtype == torch.float64):
+        raise TypeError(f"{name} must be float32 (float64 with float64 inputs), got {x.dtype}")
+    if tuple(x.shape) not in shapes:
+        want = " or ".join(str(s) for s in shapes)
+        raise ValueError(f"{name} must have shape {want} (one per query head), got {tuple(x.shape)}")
+    if x.device != q.device:
+        raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
+
+
+def check_variants(q, *, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+                   dropout_p=0.0, dropout_seed=None, op: str = "attention") -> dict:
+    """The attention variants real models use (flash-attn's definitions; sinks FlashInfer's and
+    gpt-oss's), checked: a dict holding only those not at their default, in the form the backends
+    take (:class:`flashlib.backends.Backend`): ``window_size`` a pair of ints, ``softcap`` a float
+    > 0, ``alibi_slopes`` float32 ``(B, H)`` contiguous (``(H,)`` expanded), ``sinks`` the caller's
+    float32 ``(H,)`` tensor (autograd follows it; float64 inputs may give float64 slopes and sinks), ``dropout_p`` in (0, 1) with ``dropout_seed`` a
+    pair ``(seed, offset)`` of ints (drawn by :func:`draw_dropout_seed` when None). ``op``
+    "decode" refuses dropout (decode is inference). TypeError/ValueError naming the argument.
+
+    Explained in: notebooks/09_real_models.
+    Tested in: tests/test_validation.py.
+    """
+    B, H = q.shape[0], q.shape[1]
+    out = {}
+    window = check_window(window_size)
+    if window != (-1, -1):
+        out["window_size"] = window
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a real number (0.0: off), got {type(softcap).__name__}")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be finite and >= 0 (0.0: off), got {softcap}")
+    if softcap > 0:
+        out["softcap"] = float(softcap)
+    if alibi_slopes is not None:
+        _per_head(alibi_slopes, "alibi_slopes", q, ((H,), (B, H)))
+        out["alibi_slopes"] = alibi_slopes.detach().expand(B, H).contiguous()   # slopes get no gradient
+    if sinks is not None:
+        _per_head(sinks, "sinks", q, ((H,),))
+        out["sinks"] = sinks
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a real number in [0, 1), got {type(dropout_p).__name__}")
+    if not 0 <= dropout_p < 1:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    if dropout_p > 0:
+        if op == "decode":
+            raise ValueError(f"decode is inference: dropout_p must be 0.0, got {dropout_p}")
+        out["dropout_p"] = float(dropout_p)
+        out["dropout_seed"] = check_dropout_seed(dropout_seed)
+    elif dropout_seed is not None:
+        check_dropout_seed(dropout_seed)
+    return out
+
+
+def check_dropout_seed(dropout_seed) -> tuple[int, int]:
+    """Dropout's Philox key and counter offset: a pair ``(seed, offset)`` of ints,
+    ``0 <= seed < 2**63`` and ``0 <= offset < 2**40``; None draws one (:func:`draw_dropout_seed`).
+
+    Explained in: notebooks/09_real_models.
+    Tested in: tests/test_validation.py.
+    """
+    if dropout_seed is None:
+        return draw_dropout_seed()
+    if not isinstance(dropout_seed, (tuple, list)) or len(dropout_seed) != 2:
+        raise TypeError(f"dropout_seed must be None or a pair (seed, offset) of ints, got {dropout_seed!r}")
+    seed = check_int(dropout_seed[0], "dropout_seed's seed", 0, MAX_DROPOUT_SEED)
+    offset = check_int(dropout_seed[1], "dropout_seed's offset", 0, MAX_DROPOUT_OFFSET - 1)
+    return seed, offset
+
+
+def draw_dropout_seed() -> tuple[int, int]:
+    """A fresh ``(seed, offset)`` for dropout, drawn from torch's default CPU generator (so
+    ``torch.manual_seed`` reproduces a call bit for bit, and nothing waits for a GPU).
+
+    Explained in: notebooks/09_real_models.
+    Tested in: tests/test_validation.py.
+    """
+    import torch
+    seed = int(torch.randint(0, MAX_DROPOUT_SEED, (1,), dtype=torch.int64))
+    offset = int(torch.randint(0, MAX_DROPOUT_OFFSET, (1,), dtype=torch.int64))
+    return seed, offset

@@ -105,3 +105,44 @@ def test_flags_take_numpy_bools_and_refuse_truthy_values():
     for bad, kind in (("False", "str"), (2, "int"), (None, "NoneType"), (np.int64(1), "numpy.int64")):
         with pytest.raises(TypeError, match=f"causal must be a bool, got {kind}"):
             check_flag(bad, "causal")
+
+
+def test_check_window_takes_pairs_of_ints_from_minus_one():
+    from flashlib.validation import check_window
+    assert check_window((-1, 0)) == (-1, 0) and check_window([3, 7]) == (3, 7)
+    with pytest.raises(ValueError, match="window_size entries must be an int >= -1"):
+        check_window((-2, 0))
+    with pytest.raises(TypeError, match="window_size"):
+        check_window((True, 0))
+    with pytest.raises(TypeError, match="window_size must be a pair"):
+        check_window(4)
+
+
+def test_check_variants_keeps_only_what_is_used_and_expands_the_slopes():
+    import torch
+
+    from flashlib.validation import check_variants
+    q = torch.zeros(2, 3, 4, 8)
+    assert check_variants(q) == {}
+    assert check_variants(q, window_size=(-1, -1), softcap=0.0, dropout_p=0.0) == {}
+    used = check_variants(q, window_size=(2, 0), softcap=30, alibi_slopes=torch.ones(3),
+                          sinks=torch.zeros(3), dropout_p=0.1, dropout_seed=(5, 6))
+    assert used["window_size"] == (2, 0) and used["softcap"] == 30.0 and used["dropout_seed"] == (5, 6)
+    assert used["alibi_slopes"].shape == (2, 3) and used["alibi_slopes"].is_contiguous()
+    with pytest.raises(ValueError, match="decode is inference"):
+        check_variants(q, dropout_p=0.1, op="decode")
+
+
+def test_dropout_seeds_are_drawn_from_torch_and_checked():
+    import torch
+
+    from flashlib.validation import check_dropout_seed, draw_dropout_seed
+    torch.manual_seed(3)
+    a = draw_dropout_seed()
+    torch.manual_seed(3)
+    assert check_dropout_seed(None) == a and a != draw_dropout_seed()
+    assert check_dropout_seed((2 ** 63 - 1, 0)) == (2 ** 63 - 1, 0)
+    with pytest.raises(ValueError, match="offset"):
+        check_dropout_seed((0, 2 ** 40))
+    with pytest.raises(TypeError, match="dropout_seed"):
+        check_dropout_seed(7)

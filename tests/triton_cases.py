@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import flashlib
+from flashlib.ladder.dropout import keep_mask
 from flashlib.tools.compile_report import triton_specs
 
 # configs' table key ("fwd", "bwd_dkdv", ...) -> the KernelSpec the config functions take
@@ -45,3 +46,36 @@ def run_triton(q, k, v, do, causal, **kw):
     o, lse = flashlib.attention(*leaves, causal=causal, return_lse=True, backend="triton", **kw)
     grads = torch.autograd.grad(o, leaves, do)
     return o.detach(), lse.detach(), grads
+
+
+# (seed, offset) of the variant tests: both past 32 bits, the counters' 64-bit path
+VARIANT_SEED = (2**40 + 12345, 2**33 + 7)
+
+
+def make_variants(q, k, *, window=(-1, -1), softcap=0.0, alibi=False, sinks=False, dropout_p=0.0,
+                  dropout_seed=VARIANT_SEED, gen_seed=0):
+    """``(kernel_kw, oracle_kw)``: the attention variants (issue 24) as the Triton launchers take them
+    (alibi_slopes float32 (B, H) contiguous, sinks float32 (H,), dropout_seed=(seed, offset)) and as the
+    oracle does (dropout as its keep mask Z (B, H, Nq, Nk), flashlib.ladder.dropout.keep_mask). Shared by
+    the forward's and the backward's variant tests."""
+    B, H, NQ = q.shape[:3]
+    NK = k.shape[2]
+    g = torch.Generator().manual_seed(1000 + gen_seed)
+    kern, ref = {}, {}
+    if tuple(window) != (-1, -1):
+        kern["window_size"] = ref["window_size"] = tuple(window)
+    if softcap:
+        kern["softcap"] = ref["softcap"] = float(softcap)
+    if alibi:
+        slopes = torch.rand(B, H, generator=g) * 0.5 + 0.05
+        kern["alibi_slopes"] = slopes.to(q.device)
+        ref["alibi_slopes"] = slopes.numpy()
+    if sinks:
+        s = torch.randn(H, generator=g)
+        kern["sinks"] = s.to(q.device)
+        ref["sinks"] = s.numpy()
+    if dropout_p:
+        kern["dropout_p"] = ref["dropout_p"] = dropout_p
+        kern["dropout_seed"] = dropout_seed
+        ref["dropout_mask"] = keep_mask(*dropout_seed, (B, H, NQ, NK), dropout_p)
+    return kern, ref

@@ -41,11 +41,16 @@ class Backend:
     and dtype in this process, ``op`` being "attention" or "decode". ``kernels``: its kernel versions,
     ``{"forward" | "backward" | "decode": Family}`` (:mod:`flashlib.backends.variants`); a backend
     with versions takes ``kernel=`` (a version name, or None: its default) in the three functions, and
-    is passed it only when the caller names one.
+    is passed it only when the caller names one. ``variants``: the attention variants it computes,
+    ``{"attention" | "decode": frozenset of names}`` out of ``window_size``, ``softcap``,
+    ``alibi_slopes``, ``sinks``, ``dropout_p`` (:func:`flashlib.validation.check_variants`); each is
+    passed as a keyword only when the caller uses it (``dropout_p`` with ``dropout_seed``), and a
+    backend that lacks one is refused by name (``backend="auto"`` passes it over). With ``sinks`` the
+    backward returns ``dsinks`` ``(H,)`` float32 as a fourth gradient.
     Inputs reach a backend validated (:mod:`flashlib.validation`): same dtype and device,
     ``H % Hkv == 0``, head dim <= 256. ``lse`` is float32 (float64 for float64 inputs).
 
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/backends/test_backends.py.
     """
     name: str
@@ -55,6 +60,12 @@ class Backend:
     check: Callable
     description: str = field(default="", compare=False)
     kernels: dict = field(default_factory=dict, compare=False)
+    variants: dict = field(default_factory=dict, compare=False)
+
+    def lacks(self, op: str, used) -> list:
+        """The variants of ``used`` (names) this backend cannot compute for ``op``."""
+        have = self.variants.get(op, frozenset())
+        return [name for name in used if name not in have and name != "dropout_seed"]
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -64,7 +75,7 @@ AUTO: dict[str, str] = {"cuda": "triton", "cpu": "reference"}   # device type ->
 def register_backend(backend: Backend) -> Backend:
     """Add ``backend`` to :data:`BACKENDS` under ``backend.name`` (replacing one of that name).
 
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/backends/test_backends.py.
     """
     if not isinstance(backend, Backend):
@@ -79,7 +90,7 @@ def registered(backend: Backend):
     exception) :data:`BACKENDS` is as before, with any backend of that name restored.
 
     ``with registered(Backend("spy", ...)): flashlib.attention(q, k, v, backend="spy")``.
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/backends/test_backends.py.
     """
     before = BACKENDS.get(getattr(backend, "name", None))
@@ -93,42 +104,55 @@ def registered(backend: Backend):
             BACKENDS[backend.name] = before
 
 
-def resolve(backend, q, op: str = "attention") -> Backend:
+def resolve(backend, q, op: str = "attention", used=()) -> Backend:
     """The :class:`Backend` that ``backend`` ("auto", or a name in :data:`BACKENDS`) means for the
-    tensor ``q``, after its ``check(q, op)`` (``op``: "attention" or "decode") found that it can run.
+    tensor ``q``, after its ``check(q, op)`` (``op``: "attention" or "decode") found that it can run,
+    and that computes the variants named in ``used`` (``window_size``, ``softcap``, ...: a ValueError
+    naming them otherwise).
 
     "auto" picks :data:`AUTO` of q's device type ("reference" for a device type it does not name); if
     that backend cannot run in this process (its check raises RuntimeError: triton missing, or older
     than flashlib supports), "auto" takes "reference" instead, with a RuntimeWarning saying why
     (:func:`auto_choice`). A refusal of the input itself (ValueError/TypeError: bf16 before sm_80)
     stands.
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/backends/test_backends.py.
     """
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, got {type(backend).__name__}")
     if backend == "auto":
-        name, why = auto_choice(q, op)
+        name, why = auto_choice(q, op, used)
         if why is not None:
             warnings.warn(why, RuntimeWarning, stacklevel=3)
         return BACKENDS[name]
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {['auto', *sorted(BACKENDS)]}, got {backend!r}")
     chosen = BACKENDS[backend]
+    lacking = chosen.lacks(op, used)
+    if lacking:
+        able = [n for n, b in sorted(BACKENDS.items()) if not b.lacks(op, used)]
+        raise ValueError(f"backend={backend!r} does not compute {', '.join(lacking)} ({op}); "
+                         f"backends that do: {able}")
     chosen.check(q, op)
     return chosen
 
 
-def auto_choice(q, op: str = "attention") -> tuple[str, str | None]:
+def auto_choice(q, op: str = "attention", used=()) -> tuple[str, str | None]:
     """``(name, why)``: the backend ``backend="auto"`` runs for ``q`` (its check passed), and None, or
     why :data:`AUTO`'s choice was passed over ("backend='auto' uses 'reference' on cuda tensors:
     backend='triton' cannot run here: ... triton 3.1.0 ..."). Raises what the chosen backend's check
     raises for the input itself.
 
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     name = AUTO.get(q.device.type, "reference")
+    lacking = BACKENDS[name].lacks(op, used)
+    if lacking:                                     # never a backend that would refuse the call
+        BACKENDS["reference"].check(q, op)
+        return "reference", (f"backend='auto' uses 'reference' (NumPy on a CPU copy: slow) on "
+                             f"{q.device.type} tensors, because backend={name!r} does not compute "
+                             f"{', '.join(lacking)}")
     try:
         BACKENDS[name].check(q, op)
         return name, None
@@ -142,4 +166,4 @@ def auto_choice(q, op: str = "attention") -> tuple[str, str | None]:
 
 for _name, _module in (("reference", reference), ("triton", triton), ("cuda", cuda)):
     register_backend(Backend(_name, _module.forward, _module.backward, _module.decode, _module.check,
-                             _module.DESCRIPTION, _module.KERNELS))
+                             _module.DESCRIPTION, _module.KERNELS, _module.VARIANTS))

@@ -26,7 +26,7 @@ DESCRIPTION = ("flashlib/kernels/cuda/csrc CUDA C++ kernels (NVRTC on a GPU, the
 def _forward_supported(version: str):
     """``supported(q, k, v)`` of forward ``version``: why :func:`flashlib.kernels.cuda.pick_version`
     refuses q's dtype on q's GPU, or None."""
-    def supported(q, *rest) -> str | None:
+    def supported(q, *rest, **variants) -> str | None:
         from ..kernels import cuda
         capability = cuda._torch().cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
         try:
@@ -37,7 +37,7 @@ def _forward_supported(version: str):
     return supported
 
 
-def _backward_supported(q, *rest) -> str | None:
+def _backward_supported(q, *rest, **variants) -> str | None:
     from ..kernels import cuda
     return cuda.backward_supported(q)
 
@@ -49,6 +49,10 @@ FORWARD = Family("cuda forward", (
 ))
 BACKWARD = Family("cuda backward", (
     Variant("v1", "fa2_bwd_v1_mma.cu: mma.sync, float16/bfloat16, d <= 128", _backward_supported),))
+# The attention variants (window, softcap, ALiBi, sinks, dropout) are not in the CUDA C++ kernels:
+# flashlib.attention and flashlib.decode refuse them for backend="cuda" by name, and "auto" passes
+# this backend over (flashlib.backends.resolve).
+VARIANTS = {"attention": frozenset(), "decode": frozenset()}
 DECODE = Family("cuda decode", (Variant("v1", "decode_v1_splitkv.cu: split-KV then combine"),))
 KERNELS = {"forward": FORWARD, "backward": BACKWARD, "decode": DECODE}
 

@@ -13,6 +13,8 @@ import numpy as np
 
 DESCRIPTION = "the ladder's NumPy fa2/decoding on a CPU copy (slow; any device)"
 KERNELS: dict = {}      # one algorithm per role: no versions to choose (kernel= must be None)
+VARIANTS = {"attention": frozenset({"window_size", "softcap", "alibi_slopes", "sinks", "dropout_p"}),
+            "decode": frozenset({"window_size", "softcap", "alibi_slopes", "sinks"})}
 
 
 def _to_numpy(x) -> np.ndarray:
@@ -32,36 +34,57 @@ def _lse_to_torch(lse: np.ndarray, q):
     return _to_torch(lse, q, torch.promote_types(q.dtype, torch.float32))   # float32; float64 stays
 
 
-def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None), kernel=None):
-    """Backend.forward: the ladder's :func:`flashlib.ladder.fa2.forward` on a CPU copy, GQA expanded.
+def _ladder_variants(variants, lead=None):
+    """The variants as the ladder takes them: NumPy slopes and sinks broadcast over the ladder's
+    leading dims (B, H) (``lead`` = b: one sequence's (H,))."""
+    out = dict(variants)
+    for name in ("alibi_slopes", "sinks"):
+        if name in out:
+            x = _to_numpy(out[name])                   # alibi (B, H); sinks (H,)
+            if name == "alibi_slopes" and lead is not None:
+                x = x[lead]
+            out[name] = x if (name == "alibi_slopes" or lead is not None) else x[None, :]
+    return out
+
+
+def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None), kernel=None, **variants):
+    """Backend.forward: the ladder's :func:`flashlib.ladder.fa2.forward` on a CPU copy, GQA expanded,
+    with the attention variants (:func:`flashlib.validation.check_variants`).
     Explained in: notebooks/07_triton."""
     from ..ladder import fa2
     group = q.shape[1] // k.shape[1]
     kk = np.repeat(_to_numpy(k), group, axis=1)        # GQA: kv head h // group, expanded on the CPU
     vv = np.repeat(_to_numpy(v), group, axis=1)
     o, lse = fa2.forward(_to_numpy(q), kk, vv, causal=causal, scale=scale, block_q=blocks[0],
-                         block_k=blocks[1])
+                         block_k=blocks[1], **_ladder_variants(variants))
     return _to_torch(o, q), _lse_to_torch(lse, q)
 
 
-def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None), kernel=None):
-    """Backend.backward: :func:`flashlib.ladder.fa2.backward`; dk, dv summed back per GQA group.
+def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None), kernel=None,
+             **variants):
+    """Backend.backward: :func:`flashlib.ladder.fa2.backward`; dk, dv summed back per GQA group;
+    with sinks, ``dsinks`` ``(H,)`` summed over the batch as a fourth gradient.
     Explained in: notebooks/07_triton."""
     from ..ladder import fa2
     B, HKV, NK, D = k.shape
     group = q.shape[1] // HKV
     kk = np.repeat(_to_numpy(k), group, axis=1)
     vv = np.repeat(_to_numpy(v), group, axis=1)
-    dq, dk, dv = fa2.backward(_to_numpy(q), kk, vv, _to_numpy(o), _to_numpy(lse), _to_numpy(do),
-                              causal=causal, scale=scale, block_q=blocks[0], block_k=blocks[1])
+    dq, dk, dv, *dsinks = fa2.backward(_to_numpy(q), kk, vv, _to_numpy(o), _to_numpy(lse), _to_numpy(do),
+                                       causal=causal, scale=scale, block_q=blocks[0], block_k=blocks[1],
+                                       **_ladder_variants(variants))
     dk = dk.reshape(B, HKV, group, NK, D).sum(axis=2)  # sum each group's gradients back onto its kv head
     dv = dv.reshape(B, HKV, group, NK, v.shape[-1]).sum(axis=2)
-    return _to_torch(dq, q), _to_torch(dk, k), _to_torch(dv, v)
+    grads = (_to_torch(dq, q), _to_torch(dk, k), _to_torch(dv, v))
+    if dsinks:                                         # (B, H) -> (H,): one sink per head
+        grads += (_to_torch(dsinks[0].sum(axis=0), q, _lse_to_torch(lse, q).dtype),)
+    return grads
 
 
-def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale, kernel=None):
+def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale, kernel=None, **variants):
     """Backend.decode: :func:`flashlib.ladder.decoding.forward`, sequence by sequence
-    (``cache_seqlens`` None: every sequence uses the whole cache). Explained in: notebooks/07_triton."""
+    (``cache_seqlens`` None: every sequence uses the whole cache), with the variants.
+    Explained in: notebooks/07_triton."""
     from ..ladder import decoding
     B, H, NQ, D = q.shape
     group, nmax = H // k_cache.shape[1], k_cache.shape[2]
@@ -74,10 +97,13 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale, kernel=None
     lse = np.full(qn.shape[:-1], -np.inf, dtype=qn.dtype)
     for b in range(B):                                 # ragged: each sequence its own valid length
         if lens[b] == 0:
+            if "sinks" in variants:                    # nothing to see but the sink: o = 0, lse = sink
+                lse[b] = _to_numpy(variants["sinks"])[:, None]
             continue                                   # nothing to see: o = 0, lse = -inf
         kb = np.repeat(kn[b, :, :lens[b]], group, axis=0)
         vb = np.repeat(vn[b, :, :lens[b]], group, axis=0)
-        o[b], lse[b] = decoding.forward(qn[b], kb, vb, num_splits=num_splits, scale=scale)
+        o[b], lse[b] = decoding.forward(qn[b], kb, vb, num_splits=num_splits, scale=scale,
+                                        **_ladder_variants(variants, lead=b))
     return _to_torch(o, q), _lse_to_torch(lse, q)
 
 

@@ -47,7 +47,14 @@ def _kernels() -> types.SimpleNamespace:
                                  fa2_bwd_v2=fa2_bwd_v2, fa2_bwd_v5_tma=fa2_bwd_v5_tma, decode=decode, torch=torch)
 
 
-def _tma_supported(*tensors) -> str | None:
+def _tma_supported(*tensors, **variants) -> str | None:
+    """The TMA forward (v4): the descriptors' memory rules, and no attention variant."""
+    return _kernels().fa2_fwd_v4_tma.supported(*tensors, **variants)
+
+
+def _tma_bwd_supported(*tensors, **variants) -> str | None:
+    """The TMA dK/dV (v5): the descriptors' memory rules; it computes every variant (it shares
+    kit.dkdv_step with version 2)."""
     return _kernels().fa2_fwd_v4_tma.supported(*tensors)
 
 
@@ -58,11 +65,13 @@ FORWARD = Family("triton forward", (
 BACKWARD = Family("triton backward", (
     Variant("v2", "fa2_bwd_v2.py: FlashAttention-2 backward, three kernels (the default)"),
     Variant("v5", "fa2_bwd_v5_tma.py: version 2 with its dK/dV kernel through tensor descriptors",
-            _tma_supported),
+            _tma_bwd_supported),
 ), env="FLASHLIB_TRITON_BWD", aliases={"tma": "v5"})
 DECODE = Family("triton decode", (
     Variant("v3", "decode_v3.py: Flash-Decoding, split-KV then combine"),))
 KERNELS = {"forward": FORWARD, "backward": BACKWARD, "decode": DECODE}
+VARIANTS = {"attention": frozenset({"window_size", "softcap", "alibi_slopes", "sinks", "dropout_p"}),
+            "decode": frozenset({"window_size", "softcap", "alibi_slopes", "sinks"})}
 KNOBS = {f.env: f.names for f in (FORWARD, BACKWARD)}    # read by info, bench
 
 
@@ -141,37 +150,42 @@ class _OnDevice:
             self.guard.__exit__(*exc)
 
 
-def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None), kernel=None):
+def forward(q, k, v, *, causal, scale, allow_tf32=False, blocks=(None, None), kernel=None, **variants):
     """Backend.forward: :func:`flashlib.kernels.triton.fa2_fwd_v1.forward` with version 1's spec or
-    version 4's (:data:`FORWARD`, ``kernel`` or the environment's default).
+    version 4's (:data:`FORWARD`, ``kernel`` or the environment's default), and the attention
+    variants (window, softcap, ALiBi, sinks, dropout: version 1 only).
     Explained in: notebooks/07_triton."""
     kernels = _kernels()
     q, k, v = _last_dim_contiguous(q, k, v)
     BACKWARD.check_env()                 # a bad backward default fails before the forward runs
-    spec = kernels.fa2_fwd_v4_tma.SPEC if FORWARD.pick(kernel, q, k, v).name == "v4" else kernels.fa2_fwd_v1.SPEC
+    v4 = FORWARD.pick(kernel, q, k, v, **variants).name == "v4"
+    spec = kernels.fa2_fwd_v4_tma.SPEC if v4 else kernels.fa2_fwd_v1.SPEC
     with _OnDevice(q):
         return kernels.fa2_fwd_v1.forward(q, k, v, causal=causal, scale=scale, allow_tf32=allow_tf32,
-                                       config=_config(blocks), spec=spec)
+                                          config=_config(blocks), spec=spec, **variants)
 
 
-def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None), kernel=None):
+def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(None, None), kernel=None,
+             **variants):
     """Backend.backward: :func:`flashlib.kernels.triton.fa2_bwd_v2.backward`, with version 5's dK/dV
-    kernel where :data:`BACKWARD` picks it (``kernel`` or the environment's default).
+    kernel where :data:`BACKWARD` picks it (``kernel`` or the environment's default), and the
+    attention variants (version 2 only; with sinks, ``dsinks`` as a fourth gradient).
     Explained in: notebooks/07_triton."""
     kernels = _kernels()
     q, k, v, o, do = _last_dim_contiguous(q, k, v, o, do)
     cfg = _config(blocks)                         # dK/dV: key block = block_k, query step = block_q
-    tma = BACKWARD.pick(kernel, q, k, v, do).name == "v5"
+    tma = BACKWARD.pick(kernel, q, k, v, do, **variants).name == "v5"
     with _OnDevice(q):
         return kernels.fa2_bwd_v2.backward(
             q, k, v, o, lse, do, causal=causal, scale=scale, allow_tf32=allow_tf32, config_dkdv=cfg,
-            config_dq=cfg, dkdv_spec=kernels.fa2_bwd_v5_tma.DKDV_SPEC if tma else kernels.fa2_bwd_v2.DKDV_SPEC)
+            config_dq=cfg, dkdv_spec=kernels.fa2_bwd_v5_tma.DKDV_SPEC if tma else kernels.fa2_bwd_v2.DKDV_SPEC,
+            **variants)
 
 
 MIN_DECODE_BLOCK_N = 16      # the smallest key block of a decode config (tl.dot needs >= 16)
 
 
-def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale, kernel=None):
+def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale, kernel=None, **variants):
     """Backend.decode: :func:`flashlib.kernels.triton.decode_v3.decode` (split-KV, then combine);
     ``cache_seqlens`` None reaches the kernel as None (no lengths tensor is made). int64 lengths are
     clamped into ``[0, Nmax]`` in 64 bits on their device (no read-back) before they become the
@@ -188,7 +202,8 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale, kernel=None
         cache_seqlens = lengths_as_int32(cache_seqlens, nmax)
     num_splits = max(1, min(num_splits, -(-nmax // MIN_DECODE_BLOCK_N)))
     with _OnDevice(q):
-        return kernels.decode.decode(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits, scale=scale)
+        return kernels.decode.decode(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits, scale=scale,
+                                     **variants)
 
 
 def check(q, op):

@@ -24,14 +24,15 @@ from typing import Callable
 __all__ = ["Variant", "Family", "check_kernel", "check_decode_kernel"]
 
 
-def _always(*tensors) -> None:
+def _always(*tensors, **variants) -> None:
     return None
 
 
 @dataclass(frozen=True)
 class Variant:
     """One kernel version: its ``name`` (as in its file name), a one-line ``summary``, and
-    ``supported(*tensors) -> str | None`` (None: it runs them; else the reason it cannot).
+    ``supported(*tensors, **variants) -> str | None`` (None: it runs them, with the attention variants
+    given as keywords, :func:`flashlib.validation.check_variants`; else the reason it cannot).
 
     Explained in: notebooks/07_triton.
     Tested in: tests/backends/test_variants.py.
@@ -71,30 +72,30 @@ class Family:
         also = f" or an alias {tuple(self.aliases)}" if self.aliases else ""
         raise ValueError(f"{source} must be one of {self.names}{also} ({self.role}), got {name!r}")
 
-    def pick(self, wanted: str | None, *tensors) -> Variant:
+    def pick(self, wanted: str | None, *tensors, **variants) -> Variant:
         """The version that runs ``tensors``: ``wanted`` (the caller's ``kernel=``), else the
         environment's default where it applies, else the first in preference order that supports
-        them (see the module's docstring).
+        them (see the module's docstring); ``variants``: the attention variants the call uses.
 
         Explained in: notebooks/07_triton.
         Tested in: tests/backends/test_variants.py.
         """
         if wanted is not None:
             chosen = self.get(wanted)
-            why = chosen.supported(*tensors)
+            why = chosen.supported(*tensors, **variants)
             if why is not None:
                 raise ValueError(f"kernel={wanted!r} ({self.role}) cannot run these inputs: {why}")
             return chosen
         named = os.environ.get(self.env) if self.env else None
         if named is not None:
             chosen = self.get(named, source=self.env)
-            if chosen.supported(*tensors) is None:
+            if chosen.supported(*tensors, **variants) is None:
                 return chosen
         for chosen in self.variants:
-            if chosen.supported(*tensors) is None:
+            if chosen.supported(*tensors, **variants) is None:
                 return chosen
         raise ValueError(f"no {self.role} kernel runs these inputs: " + "; ".join(
-            f"{v.name}: {v.supported(*tensors)}" for v in self.variants))
+            f"{v.name}: {v.supported(*tensors, **variants)}" for v in self.variants))
 
     def check_env(self) -> None:
         """ValueError if the environment variable names no version (checked before any kernel runs)."""

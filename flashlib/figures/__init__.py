@@ -49,8 +49,9 @@ CHAPTER_MODULES: dict[int, tuple[str, ...]] = {
     6: ("ladder.decoding",),
     7: ("kernels.triton",),
     8: ("kernels.cuda",),
-    9: ("models", "auto"),
-    10: ("parallel.ring",),
+    9: ("ladder.masks", "ladder.dropout", "hf"),
+    10: ("models", "auto"),
+    11: ("parallel.ring",),
 }
 
 
@@ -157,8 +158,9 @@ CHAPTER_IDEAS: dict[int, str] = {
     6: "split the keys, merge by LSE",
     7: "the tiles as a GPU kernel",
     8: "threads, warps, tensor cores",
-    9: "train and generate a small GPT",
-    10: "one sequence over many GPUs",
+    9: "windows, softcaps, sinks, dropout",
+    10: "train and generate a small GPT",
+    11: "one sequence over many GPUs",
 }
 
 
@@ -499,7 +501,7 @@ def online_softmax_animation(x, *, fps: float = 1.5) -> str:
     return _animate(fig, update, frames, fps)
 
 
-# --- chapter 10: ring attention's schedule ------------------------------------------------------------
+# --- chapter 11: ring attention's schedule ------------------------------------------------------------
 
 def _ring_plan(world: int, layout: str, causal: bool):
     """(rank, step, query chunk a, key chunk b, mode) in the order ``_RingAttention.forward`` meets them."""
@@ -578,7 +580,7 @@ def ring_animation(world: int = 4, layout: str = "zigzag", *, causal: bool = Tru
     it computes (rank's colour; bright: this step, faded: earlier; grey: skipped or not yet).
     ``world`` 2..8 ranks. Returns matplotlib's HTML/JS player.
 
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/test_figures.py.
     """
     fps = _fps(fps)
@@ -588,3 +590,4 @@ def ring_animation(world: int = 4, layout: str = "zigzag", *, causal: bool = Tru
 
 from .hardware import fa3_schedule, memory_hierarchy, write_memory_hierarchy  # noqa: E402,F401
 from .partition import warp_partition, backward_dataflow, backward_traffic  # noqa: E402,F401
+from .masks import mask_tiles, tile_counts  # noqa: E402,F401

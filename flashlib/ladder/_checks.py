@@ -9,7 +9,9 @@ definition each, in :mod:`flashlib.validation` (same rules, same messages). The 
 """
 from __future__ import annotations
 
+import math
 import numbers
+from typing import NamedTuple
 
 import numpy as np
 
@@ -17,7 +19,9 @@ from ..validation import check_block, check_count, check_flag, check_num_splits,
 
 __all__ = ["as_array", "check_qkv", "check_attention", "check_like", "check_scale", "check_block",
            "check_flag", "check_num_splits", "check_blocks", "check_count", "check_io", "check_real",
-           "check_states", "check_rows", "check_floating", "out_dtype", "acc_dtype"]
+           "check_states", "check_rows", "check_floating", "out_dtype", "acc_dtype",
+           "check_window_size", "check_softcap", "check_per_head", "check_dropout", "check_variants",
+           "Variants"]
 
 
 def as_array(x, name: str) -> np.ndarray:
@@ -158,3 +162,93 @@ def acc_dtype(*arrays) -> np.dtype:
 def out_dtype(*arrays) -> np.dtype:
     """Output dtype: the inputs' common floating dtype."""
     return np.result_type(*arrays)
+
+
+# ---- the variants real models use (flash-attn's semantics; notebooks/09_real_models) ----
+
+class Variants(NamedTuple):
+    """The checked variants of one ladder call: the band (``causal``, ``window`` ``(L, R)``),
+    ``softcap`` (0: off), ``slopes`` and ``sinks`` (None, or arrays ``(..., 1, 1)`` over q's leading
+    dims, in the accumulation dtype), ``dropout_p`` (0: off) and ``dropout_seed`` ``(seed, offset)``."""
+    causal: bool = False
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    slopes: np.ndarray | None = None
+    sinks: np.ndarray | None = None
+    dropout_p: float = 0.0
+    dropout_seed: tuple | None = None
+
+    @property
+    def band(self) -> tuple:
+        """``(causal, window)``, the masks' arguments."""
+        return self.causal, self.window
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def check_window_size(window, name: str = "window_size") -> tuple[int, int]:
+    """``(left, right)``: a pair of ints, each >= 0 or -1 (unbounded); a TypeError/ValueError
+    naming ``name`` otherwise."""
+    if not (isinstance(window, (tuple, list)) and len(window) == 2 and all(map(_is_int, window))):
+        raise TypeError(f"{name} must be a pair of ints (left, right), got {window!r}")
+    if any(w < -1 for w in window):
+        raise ValueError(f"{name} entries must be >= 0, or -1 for unbounded, got {tuple(window)}")
+    return int(window[0]), int(window[1])
+
+
+def check_softcap(softcap) -> float:
+    """``softcap`` a finite real number >= 0 (0: off)."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__} {softcap!r}")
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be finite and >= 0 (0: off), got {softcap}")
+    return float(softcap)
+
+
+def check_per_head(x, name: str, lead, dtype):
+    """None, or a finite real array broadcastable to ``lead`` (q's leading dims), returned as
+    ``(*lead, 1, 1)`` in ``dtype``."""
+    if x is None:
+        return None
+    x = _real(x, name)
+    try:
+        x = np.broadcast_to(x, tuple(lead))
+    except ValueError:
+        raise ValueError(f"{name} must broadcast to q's leading dims {tuple(lead)}, got shape "
+                         f"{x.shape}") from None
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name} must be finite, got {x[~np.isfinite(x)].ravel()[:3]}")
+    return x.astype(dtype)[..., None, None]
+
+
+def check_dropout(dropout_p, dropout_seed):
+    """``dropout_p`` a real in [0, 1); when > 0, ``dropout_seed`` a pair of ints (seed, offset) with
+    0 <= seed < 2**63 and 0 <= offset < 2**40 (flashlib.ladder.dropout). Returns
+    ``(dropout_p, dropout_seed or None)``."""
+    from .dropout import OFFSET_LIMIT, SEED_LIMIT, check_seed
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__} {dropout_p!r}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p == 0:
+        return 0.0, None
+    if dropout_seed is None:
+        raise ValueError("dropout_p > 0 needs dropout_seed=(seed, offset), the ints that fix the "
+                         "dropout mask (flashlib.ladder.dropout)")
+    if not (isinstance(dropout_seed, (tuple, list)) and len(dropout_seed) == 2):
+        raise TypeError(f"dropout_seed must be a pair of ints (seed, offset), got {dropout_seed!r}")
+    seed, offset = dropout_seed
+    return float(dropout_p), (check_seed(seed, "dropout_seed[0] (seed)", SEED_LIMIT),
+                              check_seed(offset, "dropout_seed[1] (offset)", OFFSET_LIMIT))
+
+
+def check_variants(q, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                   sinks=None, dropout_p=0.0, dropout_seed=None, *, dtype=np.float64) -> Variants:
+    """Every variant argument of a ladder call checked (an error naming the argument), as
+    :class:`Variants`; ``q`` gives the leading dims the per-head arguments broadcast to."""
+    lead = q.shape[:-2]
+    return Variants(check_flag(causal, "causal"), check_window_size(window_size),
+                    check_softcap(softcap), check_per_head(alibi_slopes, "alibi_slopes", lead, dtype),
+                    check_per_head(sinks, "sinks", lead, dtype), *check_dropout(dropout_p, dropout_seed))

@@ -16,11 +16,14 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import (acc_dtype, check_attention, check_blocks, check_count,
-                       check_floating, check_io, check_num_splits, out_dtype)
-from .masks import causal_mask, masked_matmul
+                       check_floating, check_io, check_num_splits,
+                       check_variants, out_dtype)
+from .fa2 import _masked_scores
+from .masks import key_range, masked_matmul
 from .softmax import divide_rows, lse_from_state, safe_exp_diff
 
-__all__ = ["forward", "combine", "split_bounds", "choose_num_splits"]
+__all__ = ["forward", "combine", "split_bounds", "choose_num_splits",
+           "band_keys"]
 
 
 def split_bounds(nk: int, num_splits: int) -> list[tuple[int, int]]:
@@ -39,15 +42,13 @@ def split_bounds(nk: int, num_splits: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
-def _attend_split(q, k_s, v_s, k0, nk, causal, scale, acc):
+def _attend_split(q, k_s, v_s, k0, nk, scale, var, acc):
     """One split, one pass: ``(O_s, LSE_s)`` of q against keys
-    ``[k0, k0 + len(k_s))``, O_s normalized."""
+    ``[k0, k0 + len(k_s))``, O_s normalized; the scores as FA2's (variants
+    and band included)."""
     nq = q.shape[-2]
-    s = scale * q @ np.swapaxes(k_s, -1, -2)         # (..., Nq, chunk)
-    seen = None                                      # None: every key is seen
-    if causal:
-        seen = causal_mask(0, nq, k0, k0 + k_s.shape[-2], nq, nk)
-        s = np.where(seen, s, -np.inf)
+    # (..., Nq, chunk); seen None: every key is seen
+    s, seen, _ = _masked_scores(q, k_s, scale, 0, k0, nq, nk, var)
     if s.shape[-1]:
         m = s.max(axis=-1, keepdims=True)
     else:                                            # an empty split
@@ -58,48 +59,77 @@ def _attend_split(q, k_s, v_s, k0, nk, causal, scale, acc):
     return o, lse_from_state(m, l)[..., 0]
 
 
-def forward(q, k, v, *, num_splits, causal=False, scale=None, io=None):
+def band_keys(nq: int, nk: int, causal: bool = False,
+              window=(-1, -1)) -> tuple[int, int]:
+    """``(lo, hi)``: the keys [lo, hi) that some query of ``nq`` sees (the
+    first query's first key to the last query's last); ``lo == hi`` when no
+    query sees any key. Flash-Decoding splits only these.
+
+    Explained in: notebooks/09_real_models.
+    Tested in: tests/ladder/test_decoding.py.
+    """
+    nq, nk = check_count(nq, "nq"), check_count(nk, "nk")
+    if nq == 0 or nk == 0:
+        return 0, 0
+    first, _ = key_range(0, nq, nk, causal, window)
+    _, last = key_range(nq - 1, nq, nk, causal, window)
+    lo, hi = int(first), int(last) + 1
+    return (lo, hi) if lo < hi else (0, 0)
+
+
+def forward(q, k, v, *, num_splits, causal=False, scale=None, io=None,
+            window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None):
     """Flash-Decoding forward: ``num_splits`` independent partial attentions,
     then :func:`combine`.
 
     Args:
         q ``(..., Nq, d)`` (decoding: Nq = 1), k ``(..., Nk, d)``,
-            v ``(..., Nk, dv)``.
+            v ``(..., Nk, dv)``: one sequence, its whole cache.
         num_splits: number of contiguous K/V chunks, an int >= 1; each is one
-            work item on a GPU. More splits than keys (``num_splits > Nk``)
-            act as ``Nk``: a split beyond would be empty and add nothing, so
-            none is allocated (the torch API's ``flashlib.decode`` clamps
-            alike).
+            work item on a GPU. The splits cover only the band, the keys some
+            query sees (:func:`band_keys`); more splits than band keys act as
+            that many: a split beyond would be empty and add nothing, so none
+            is allocated (the torch API's ``flashlib.decode`` clamps alike).
         causal: bottom-right aligned (the new query sees the whole cache).
             scale: ``d ** -0.5``.
         io: an :class:`~flashlib.ladder.iomodel.IOCounter`; partial results
             are counted as written and read.
+        window_size, softcap, alibi_slopes, sinks: as for
+            :func:`flashlib.ladder.fa2.forward` (offset ``Nk - Nq``); a sink
+            is one more part for :func:`combine`, with an empty value.
 
     Returns:
         ``(o, lse)`` as :func:`flashlib.ladder.fa2.forward`, NaN rule included.
 
-    Explained in: notebooks/06_flash_decoding.
+    Explained in: notebooks/06_flash_decoding and notebooks/09_real_models.
 
     Tested in: tests/ladder/test_decoding.py.
     """
     q, k, v, causal, scale, io = check_attention(q, k, v, causal, scale, io)
-    acc, nk = acc_dtype(q, k, v), k.shape[-2]
+    acc, nq, nk = acc_dtype(q, k, v), q.shape[-2], k.shape[-2]
     d, dv = q.shape[-1], v.shape[-1]
+    var = check_variants(q, causal, window_size, softcap, alibi_slopes, sinks,
+                         dtype=acc)
+    lo, hi = band_keys(nq, nk, *var.band)           # the keys someone sees
     # an empty split adds nothing
-    num_splits = min(check_num_splits(num_splits), nk)
-    # the partial results, in HBM
-    o_parts = np.empty((num_splits, *q.shape[:-1], dv), dtype=acc)
-    lse_parts = np.empty((num_splits, *q.shape[:-1]), dtype=acc)
+    num_splits = min(check_num_splits(num_splits), max(hi - lo, 1))
+    # the partial results, in HBM (one more part for a sink)
+    parts = num_splits + (var.sinks is not None)
+    o_parts = np.zeros((parts, *q.shape[:-1], dv), dtype=acc)
+    lse_parts = np.empty((parts, *q.shape[:-1]), dtype=acc)
     # kernel 1: one program per split
-    for s, (k0, k1) in enumerate(split_bounds(nk, num_splits)):
+    for s, (k0, k1) in enumerate(split_bounds(hi - lo, num_splits)):
+        k0, k1 = lo + k0, lo + k1
         q_s = io.load(q).astype(acc)                 # each split reads Q
         k_s = io.load(k[..., k0:k1, :]).astype(acc)  # and only its own K/V
         v_s = io.load(v[..., k0:k1, :]).astype(acc)
         io.sram(q_s, k_s, v_s)
-        o_s, lse_s = _attend_split(q_s, k_s, v_s, k0, nk, causal, scale, acc)
+        o_s, lse_s = _attend_split(q_s, k_s, v_s, k0, nk, scale, var, acc)
         io.flops(matmul=2 * (q_s.size // d) * (k1 - k0) * (d + dv))
         io.store(o_parts, s, o_s)                    # write (O_s, LSE_s)
         io.store(lse_parts, s, lse_s)
+    if var.sinks is not None:      # a sink: the part (O, LSE) = (0, sink)
+        lse_parts[-1] = var.sinks[..., 0]
     # kernel 2: reduce over the splits
     o, lse = combine(o_parts, lse_parts, io=io)
     return o.astype(out_dtype(q, k, v)), lse

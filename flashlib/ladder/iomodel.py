@@ -19,7 +19,7 @@ import numpy as np
 
 from ..validation import check_block, check_count
 
-__all__ = ["IOCounter", "SRAMOverflowError"]
+__all__ = ["IOCounter", "SRAMOverflowError", "traffic_slope"]
 
 
 class SRAMOverflowError(ValueError):
@@ -74,6 +74,9 @@ class IOCounter:
         matmul_flops, other_flops: operation counts the algorithms report
             (matmul vs the rest: exp, max, rescaling, division), for the
             FA1-vs-FA2 comparison.
+        tiles: the ``(i, j)`` tiles processed, in order: ``i`` the first query
+            and ``j`` the first key of the tile (FA2's forward and backward
+            report each tile they do not skip).
 
     Explained in: notebooks/01_naive_attention.
 
@@ -95,6 +98,7 @@ class IOCounter:
         self.peak_sram_bytes = 0
         self.matmul_flops = 0
         self.other_flops = 0
+        self.tiles = []
 
     @property
     def hbm_bytes(self) -> int:
@@ -146,7 +150,62 @@ class IOCounter:
         self.matmul_flops += check_count(matmul, "matmul")
         self.other_flops += check_count(other, "other")
 
+    def tile(self, i: int, j: int) -> None:
+        """Record that the tile of queries from ``i`` and keys from ``j`` was
+        processed (not skipped)."""
+        self.tiles.append((check_count(i, "i"), check_count(j, "j")))
+
     def __repr__(self) -> str:
         return (f"IOCounter(read={self.hbm_read_bytes:,} B, "
                 f"write={self.hbm_write_bytes:,} B, "
                 f"peak_sram={self.peak_sram_bytes:,} B)")
+
+
+def traffic_slope(algorithm, ns, *, d: int = 16, bytes_per_element: int = 2,
+                  **kwargs):
+    """Measure how an algorithm's HBM traffic grows with the sequence length.
+
+    Runs ``algorithm(x, x, x, io=..., **kwargs)`` (e.g.
+    :func:`flashlib.ladder.fa2.forward`; one head, ``Nq = Nk = N``, head dim
+    ``d``) for each ``N`` in ``ns``, counts its HBM bytes, and fits
+    ``log(bytes) = slope * log(N) + c`` by least squares. FA2 with a sliding
+    window of fixed width W gives a slope near 1 (traffic O(N W)); dense or
+    causal attention near 2 (O(N^2 d / M)).
+
+    Args:
+        algorithm: a ladder function taking ``(q, k, v, io=...)``.
+        ns: at least two distinct sequence lengths (ints >= 1).
+        d: head dim; bytes_per_element: as for :class:`IOCounter`.
+        kwargs: passed to ``algorithm`` (``causal``, ``window_size``,
+            ``block_q``, ``block_k``...).
+
+    Returns:
+        ``(slope, hbm_bytes)``: the fitted slope (a float) and the bytes
+        counted for each N (a list of ints).
+
+    Explained in: notebooks/09_real_models.
+    Tested in: tests/ladder/test_iomodel.py.
+    """
+    if not callable(algorithm):
+        raise TypeError(f"algorithm must be a ladder function, got "
+                        f"{type(algorithm).__name__}")
+    ns = [check_block(n, "ns") for n in _as_list(ns, "ns")]
+    if len(set(ns)) < 2:
+        raise ValueError(f"ns must hold at least two distinct lengths, "
+                         f"got {ns}")
+    d = check_block(d, "d")
+    hbm_bytes = []
+    for n in ns:
+        io = IOCounter(bytes_per_element)
+        x = np.zeros((n, d), dtype=np.float32)
+        algorithm(x, x, x, io=io, **kwargs)
+        hbm_bytes.append(io.hbm_bytes)
+    slope = np.polyfit(np.log(ns), np.log(hbm_bytes), 1)[0]
+    return float(slope), hbm_bytes
+
+
+def _as_list(xs, name: str) -> list:
+    if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__"):
+        raise TypeError(f"{name} must be a list of ints, "
+                        f"got {type(xs).__name__}")
+    return list(xs)

@@ -15,7 +15,7 @@ gradient is independent (FlashAttention-2's backward with ``P = exp(S − LSE)``
 ``D = rowsum(dO ∘ O)``), so dQ accumulates locally while dK and dV travel with their K/V shard and are
 home after ``world`` rotations.
 
-Explained in: notebooks/10_beyond_one_gpu.
+Explained in: notebooks/11_beyond_one_gpu.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def chunk_ids(rank: int, world: int, layout: str = "contiguous") -> list[int]:
     """The global sequence chunks held by ``rank``: ``[rank]`` of ``world``
     (contiguous) or ``[rank, 2·world − 1 − rank]`` of ``2·world`` (zigzag).
 
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
     _check_layout(layout)
@@ -64,7 +64,7 @@ def chunk_ids(rank: int, world: int, layout: str = "contiguous") -> list[int]:
 def shard(x: torch.Tensor, rank: int, world: int, *, layout: str = "contiguous", dim: int = -2):
     """Rank ``rank``'s shard of the full sequence ``x`` along ``dim`` (length divisible by the chunks).
 
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
     if not isinstance(x, torch.Tensor):
@@ -84,7 +84,7 @@ def shard(x: torch.Tensor, rank: int, world: int, *, layout: str = "contiguous",
 def unshard(shards, *, layout: str = "contiguous", dim: int = -2) -> torch.Tensor:
     """The full sequence from every rank's shard (the inverse of :func:`shard`).
 
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
     _check_layout(layout)
@@ -125,7 +125,7 @@ def merge_partials(o_a, lse_a, o_b, lse_b):
     ``(..., N, d)``, ``(..., N)``. Same formula as
     :func:`flashlib.ladder.decoding.combine`.
 
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
     named = (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b))
@@ -335,7 +335,7 @@ def ring_attention(q, k, v, *, causal=False, group=None, layout="contiguous",
         TypeError: ``group`` not a process group (a name such as "world" is
             not one), bad tensors.
 
-    Explained in: notebooks/10_beyond_one_gpu.
+    Explained in: notebooks/11_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
     # flashlib's one validator, as flashlib.attention's

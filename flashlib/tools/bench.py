@@ -959,7 +959,7 @@ def generate_per_token(*, batch=4, prompt=2048, new=32, repeats=3, dtype="float1
     new)``: default Hugging Face's greedy ``model.generate``; ``clock``: default ``time.perf_counter``
     (tests pass fakes to run the plumbing on a CPU).
 
-    Explained in: notebooks/09_models.
+    Explained in: notebooks/10_models.
     Tested in: tests/tools/test_bench.py.
     """
     import time

@@ -12,7 +12,7 @@ result), error (an exception, with its reason) or skipped (the backend cannot ru
 why); the exit status is 0 only if every row that ran passed, and at least one ran (a check where every
 backend was skipped proved nothing, and says so).
 
-Explained in: notebooks/09_models.
+Explained in: notebooks/10_models.
 """
 from __future__ import annotations
 
@@ -201,6 +201,33 @@ def _decode_one(backend, dtype, dev) -> str:
     return "ragged cache (77, 5, 0) matches the oracle"
 
 
+# The variants case: a sliding window, softcap, per-batch ALiBi, sinks and dropout at once, causal with
+# Nq < Nk and GQA, a head dim no power of two (run only by backends that compute the variants).
+VARIANTS_CASE = (2, 4, 2, 19, 27, 40, True)
+
+
+def _variants_one(backend, dtype, dev, case=VARIANTS_CASE) -> str:
+    """Forward and backward (dsinks included) with every variant against the oracle, dropout's mask
+    from :func:`flashlib.dropout_mask` (the same Philox bits every backend draws)."""
+    import torch
+
+    from .. import api
+    from ..testing import assert_attention_right
+    q, k, v, do = _inputs(case, dtype, dev, seed=99)
+    b, h = case[0], case[1]
+    g = torch.Generator().manual_seed(5)
+    slopes = torch.rand(b, h, generator=g).to(dev)
+    sinks = torch.randn(h, generator=g).to(dev).requires_grad_()
+    kw = dict(window_size=(6, 0), softcap=4.0, alibi_slopes=slopes, dropout_p=0.2, dropout_seed=(77, 3))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    o, lse = api.attention(q, k, v, causal=True, sinks=sinks, return_lse=True, backend=backend, **kw)
+    grads = torch.autograd.grad(o, (q, k, v, sinks), do)
+    z = api.dropout_mask(q, k, 0.2, (77, 3)).cpu().numpy()
+    return assert_attention_right(q, k, v, do, causal=True, o=o, lse=lse, grads=grads, window_size=(6, 0),
+                                  softcap=4.0, alibi_slopes=slopes.cpu().double().numpy(),
+                                  sinks=sinks.detach().cpu().double().numpy(), dropout_p=0.2, dropout_mask=z)
+
+
 # The realistic backward: N ~ 1000 and d = 128 reach the kernels' real GPU configs (a test of 40 tokens
 # never does); GQA and causal with Nq != Nk, so every masking path runs.
 DETERMINISM_CASE = (2, 8, 2, 1000, 1037, 128, True)
@@ -231,8 +258,11 @@ def _cases(dev, backend: str = "triton"):
     """The check's cases on ``dev``: the awkward shapes, the ragged decode, and on a GPU the realistic
     backward twice for the backends whose backward runs GPU kernels (on a CPU the interpreter runs one
     program at a time, and "reference" is NumPy on the CPU wherever its tensors live: nothing races)."""
+    from ..backends import BACKENDS
+    from ..validation import VARIANT_NAMES
     races = dev.type == "cuda" and backend != "reference"
-    return [*CHECK_CASES, "decode", *(["determinism"] if races else [])]
+    variants = not BACKENDS[backend].lacks("attention", VARIANT_NAMES)
+    return [*CHECK_CASES, "decode", *(["variants"] if variants else []), *(["determinism"] if races else [])]
 
 
 def _run_case(name, case, dtype, dev) -> tuple[str, str]:
@@ -243,6 +273,8 @@ def _run_case(name, case, dtype, dev) -> tuple[str, str]:
             note = _decode_one(name, dtype, dev)
         elif case == "determinism":
             note = _determinism_one(name, dtype, dev)
+        elif case == "variants":
+            note = _variants_one(name, dtype, dev)
         else:
             note = _one(name, case, dtype, dev)
         return "pass", note
@@ -318,6 +350,8 @@ def _case_name(case) -> str:
         return "decode B3 H4/2 Nq1 Nmax77 d64 ragged"
     if case == "determinism":
         return "bwd x2 bitwise " + _case_name(DETERMINISM_CASE)
+    if case == "variants":
+        return "variants " + _case_name(VARIANTS_CASE)
     b, h, hkv, nq, nk, d, causal = case
     return f"B{b} H{h}/{hkv} Nq{nq} Nk{nk} d{d}{' causal' if causal else ''}"
 

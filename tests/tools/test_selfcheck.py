@@ -2,6 +2,7 @@
 tests/test_main.py."""
 
 import pytest
+import torch
 
 from conftest import run_cli
 from flashlib.tools import selfcheck
@@ -163,3 +164,23 @@ def test_check_refuses_bad_arguments_before_running_anything(kwargs, error, mess
     raised an unhashable-type TypeError, and on_row=3 failed only after the first backend had run."""
     with pytest.raises(error, match=message):
         selfcheck.check(**kwargs)
+
+
+def test_variants_row_runs_where_a_backend_computes_them_and_catches_one_ignored(monkeypatch):
+    """The "variants" row (window, softcap, ALiBi, sinks, dropout at once) is a case of the backends that
+    declare the variants, not of those that refuse them (cuda), and it fails a backend that declares
+    them but drops one (here: the softcap)."""
+    from flashlib import backends
+    dev = selfcheck._device()
+    assert "variants" in selfcheck._cases(dev, "reference")
+    assert "variants" not in selfcheck._cases(dev, "cuda")
+    real = backends.BACKENDS["reference"]
+
+    def forward(*a, softcap=0.0, **k):
+        return real.forward(*a, **k)
+    sloppy = backends.Backend("sloppy", forward, real.backward, real.decode, real.check,
+                              variants=real.variants)
+    monkeypatch.setitem(backends.BACKENDS, "sloppy", sloppy)
+    assert selfcheck._run_case("reference", "variants", torch.float32, dev)[0] == "pass"
+    status, note = selfcheck._run_case("sloppy", "variants", torch.float32, dev)
+    assert status == "FAIL", note

@@ -22,6 +22,12 @@
 #   never as what the cache holds there, so a NaN past a sequence's length changes nothing; a NaN
 #   the split sees gives it O_s and LSE_s NaN (kit.finish), and the combine keeps it ("every split
 #   empty" is l == 0 there too).
+#   The variants of real models (issue 24), constexpr flags that default to off (the dense kernels
+#   compile as before): query i of sequence b sits at position i + len_b - Nq (the window and
+#   ALiBi use that offset). WINDOW — only the band of each sequence (kit.band_keys of its query
+#   positions) is read, and the splits divide the band, not Nmax; SOFTCAP and ALIBI — kit.score_mods
+#   with one slope per stacked row (its query head's: a program's rows span a GQA group); SINK — in
+#   the combine (the merged row's lse), or in the split kernel when there is one split.
 # Idea: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding); the ladder is flashlib.ladder.decoding.
 # Limits: head dim <= 256; fp16, bf16, fp32; bf16 needs sm_80+; not differentiable (inference). Any
 #   B·H; 64-bit offsets (kit's "Offsets"): the caches, q and the partials (num_splits·B·H·Nq·d) may
@@ -42,14 +48,17 @@ __all__ = ["decode", "grid_split", "grid_combine", "split_block_m", "SPLIT_SPEC"
 
 
 @triton.jit
-def _split_kernel(Q, K, V, SEQLENS, OP, LP,
+def _split_kernel(Q, K, V, SEQLENS, OP, LP, SLOPES, SINKS,
                   stride_qb, stride_qh, stride_qn,
                   stride_kb, stride_kh, stride_kn,
                   stride_vb, stride_vh, stride_vn,
-                  qk_scale, B, H, HKV, GROUP, NQ, NMAX, D,
+                  qk_scale, B, H, HKV, GROUP, NQ, NMAX, D, win_l, win_r,
+                  softcap2,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
-                  PRECISION: tl.constexpr):
+                  PRECISION: tl.constexpr, WINDOW: tl.constexpr = False,
+                  SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+                  SINK: tl.constexpr = False):
     # blocks of stacked query rows per kv head
     n_r = tl.cdiv(GROUP * NQ, BLOCK_M)
     # the flat grid is B·HKV x n_r x n_splits
@@ -79,10 +88,22 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
         # this sequence's valid keys, clamped into [0, NMAX]: the host does
         # not read them back (no sync)
         nk = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), NMAX)
-    # keys per split, whole blocks
-    chunk = tl.cdiv(tl.cdiv(nk, n_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = tl.minimum(start + chunk, nk)
+    if WINDOW:
+        # Only the band: the keys the sequence's query positions 0..NQ-1
+        # see together (offset nk - NQ), split in whole blocks from the
+        # block holding its first key.
+        band_lo, band_hi = kit.band_keys(first_row=0, last_row=NQ - 1, NK=nk,
+                                         offset=nk - NQ, WIN_L=win_l,
+                                         WIN_R=win_r)
+        base = (band_lo // BLOCK_N) * BLOCK_N
+        chunk = tl.cdiv(tl.cdiv(band_hi - base, n_splits), BLOCK_N) * BLOCK_N
+        start = base + split * chunk
+        end = tl.minimum(start + chunk, band_hi)
+    else:
+        # keys per split, whole blocks
+        chunk = tl.cdiv(tl.cdiv(nk, n_splits), BLOCK_N) * BLOCK_N
+        start = split * chunk
+        end = tl.minimum(start + chunk, nk)
     # m_i, l_i (BLOCK_M,) and the output rows (BLOCK_M, BLOCK_D), fp32
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -91,14 +112,34 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
     # masked at `end`, no causal mask.
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
-    acc, l_i, m_i = kit.attend(
-        acc=acc, l_i=l_i, m_i=m_i, q=q, k_base=k_base, v_base=v_base,
-        stride_kn=stride_kn, stride_vn=stride_vn, offs_m=offs_r,
-        offs_d=offs_d, lo=start, hi=end, NK=end, offset=0, D=D,
-        qk_scale=qk_scale, BLOCK_N=BLOCK_N, STAGE=kit.MASKED, CAUSAL=False,
-        UPCAST=UPCAST, PRECISION=PRECISION)
+    if (WINDOW or SOFTCAP) or ALIBI:
+        # The variants: rows at query positions iq, offset nk - NQ (the
+        # sequence's own); ALiBi per ROW, each its query head's slope.
+        if ALIBI:
+            slopes2 = tl.load(SLOPES + b * H + h, mask=row_ok,
+                              other=0.0) * kit.LOG2E
+        else:
+            slopes2 = 0.0
+        acc, l_i, m_i = kit.attend(
+            acc=acc, l_i=l_i, m_i=m_i, q=q, k_base=k_base, v_base=v_base,
+            stride_kn=stride_kn, stride_vn=stride_vn, offs_m=iq,
+            offs_d=offs_d, lo=start, hi=end, NK=end, offset=nk - NQ, D=D,
+            qk_scale=qk_scale, BLOCK_N=BLOCK_N, STAGE=kit.MASKED,
+            CAUSAL=False, UPCAST=UPCAST, PRECISION=PRECISION, win_l=win_l,
+            win_r=win_r, softcap2=softcap2, slopes2=slopes2, WINDOW=WINDOW,
+            SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+    else:
+        acc, l_i, m_i = kit.attend(
+            acc=acc, l_i=l_i, m_i=m_i, q=q, k_base=k_base, v_base=v_base,
+            stride_kn=stride_kn, stride_vn=stride_vn, offs_m=offs_r,
+            offs_d=offs_d, lo=start, hi=end, NK=end, offset=0, D=D,
+            qk_scale=qk_scale, BLOCK_N=BLOCK_N, STAGE=kit.MASKED,
+            CAUSAL=False, UPCAST=UPCAST, PRECISION=PRECISION)
     # O_s normalized, LSE_s (0 and -inf: an empty split)
     o, lse = kit.finish(acc, l_i, m_i)
+    if SINK:          # one split: its output is the answer, the sink joins
+        o, lse = kit.add_sink(o, lse, tl.load(SINKS + h, mask=row_ok,
+                                              other=0.0))
     rows = (b * H + h) * NQ + iq      # flat row index into (B, H, NQ), 64-bit
     # tl.cast: B is a plain int where the JIT made it 1
     n_rows = tl.cast(B, tl.int64) * H * NQ
@@ -111,9 +152,10 @@ def _split_kernel(Q, K, V, SEQLENS, OP, LP,
 
 
 @triton.jit
-def _combine_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on,
+def _combine_kernel(OP, LP, O, LSE, SINKS, stride_ob, stride_oh, stride_on,
                     n_rows, H, NQ, N_SPLITS, D,
-                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                    SINK: tl.constexpr = False):
     row = tl.program_id(0)    # kernel 2: one program per query row (flat)
     offs_s = tl.arange(0, BLOCK_S)    # (BLOCK_S,) splits, padded to 2^k
     offs_d = tl.arange(0, BLOCK_D)    # (BLOCK_D,) head dim, padded to 2^k
@@ -143,6 +185,12 @@ def _combine_kernel(OP, LP, O, LSE, stride_ob, stride_oh, stride_on,
     h, b = kit.unflatten(bh, H)
     # offsets in 64 bits (kit: Offsets)
     b, h, iq = b.to(tl.int64), h.to(tl.int64), iq.to(tl.int64)
+    if SINK:          # the sink joins the merged row: a merge with an
+        sink = tl.load(SINKS + h)     # empty-value state (kit.add_sink)
+        new = kit.logaddexp(lse, sink)
+        o = o * tl.where(lse == float("-inf"), 0.0,
+                         tl.math.exp2((lse - new) * kit.LOG2E))
+        lse = new
     o_ptrs = O + b * stride_ob + h * stride_oh + iq * stride_on + offs_d
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=offs_d < D)
     tl.store(LSE + row, lse)
@@ -190,19 +238,21 @@ SPLIT_CONFIGS = Tables(
     sm75_fp32=(Config(16, 32, 4, 1), Config(16, 16, 4, 1)),
     interpreter=Config(64, 16))
 SPLIT_SPEC = KernelSpec(
-    "decode_split", _split_kernel, types=dict(SEQLENS="i32", OP="fp32", LP="fp32", qk_scale="fp32"),
+    "decode_split", _split_kernel, types=dict(SEQLENS="i32", OP="fp32", LP="fp32", SLOPES="fp32", SINKS="fp32",
+                                              qk_scale="fp32", softcap2="fp32"),
     grid=lambda a: grid_split(a["B"], a["HKV"], a["GROUP"], a["NQ"], a["BLOCK_M"], a["OP"].shape[0]),
     config="decode", tables=SPLIT_CONFIGS, smem=smem_estimate,     # Q resident, K and V streamed: the forward's tiles
     blocks=lambda cfg, a: dict(BLOCK_M=split_block_m(cfg.block_m, a["GROUP"], a["NQ"]),
                                BLOCK_N=cfg.block_n))
 COMBINE_SPEC = KernelSpec(
-    "decode_combine", _combine_kernel, types=dict(OP="fp32", LP="fp32", LSE="fp32"),
+    "decode_combine", _combine_kernel, types=dict(OP="fp32", LP="fp32", LSE="fp32", SINKS="fp32"),
     grid=lambda a: grid_combine(a["O"].shape[0], a["H"], a["NQ"]),
     fixed=Config(0, 0, num_warps=4, num_stages=1), uses_dot=False)
 
 
 def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
-           config: Config | None = None):
+           config: Config | None = None, window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
+           sinks=None):
     """Launch split-KV then combine: ``(o, lse)`` for ``q (B, H, Nq, d)``, caches ``(B, Hkv, Nmax, d)``.
 
     ``cache_seqlens`` is None (every sequence uses all Nmax keys) or an int32 tensor ``(B,)`` of valid
@@ -211,11 +261,19 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
     CUDA-graph capture). Partial results live in an fp32 buffer ``(num_splits, B·H·Nq, d)``; with one
     split the split kernel writes ``o`` and ``lse`` directly and the combine is not launched.
 
+    The variants (validated by flashlib.decode; sequence b's query i sits at position ``i + len_b -
+    Nq``): ``window_size`` — only the band of each sequence is read and split (the splits divide
+    the band, not Nmax); ``softcap``; ``alibi_slopes`` float32 ``(B, H)`` — per stacked row, each
+    its own query head's slope; ``sinks`` float32 ``(H,)`` — in the combine (lse includes it), or in
+    the split kernel when there is one split.
+
     Explained in: notebooks/06_flash_decoding.
-    Tested in: tests/kernels/triton/test_triton_decode_v3.py.
+    Tested in: tests/kernels/triton/test_triton_decode_v3.py and
+    tests/kernels/triton/test_triton_variants_decode.py.
     """
     B, H, NQ, D = q.shape
     HKV = k_cache.shape[1]
+    nmax = k_cache.shape[2]
     group = H // HKV
     block_d = kit.block_d(D)
     n_rows = B * H * NQ
@@ -223,13 +281,29 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, scale: float,
     o_part = torch.empty((num_splits, n_rows, D), device=q.device,
                          dtype=q.dtype if num_splits == 1 else torch.float32)
     lse_part = torch.empty((num_splits, n_rows), device=q.device, dtype=torch.float32)
+    window = tuple(window_size) != (-1, -1)
+    win_l, win_r = kit.band(window_size, False, NQ, nmax) if window else (0, 0)
+    variants = {}                  # flags left out: their defaults (off), the dense kernel
+    if window:
+        variants["WINDOW"] = True
+    if softcap:
+        variants["SOFTCAP"] = True
+    if alibi_slopes is not None:
+        variants["ALIBI"] = True
+    if sinks is not None and num_splits == 1:
+        variants["SINK"] = True
     SPLIT_SPEC.launch(config, Q=q, K=k_cache, V=v_cache, SEQLENS=cache_seqlens, OP=o_part, LP=lse_part,
-                      qk_scale=kit.qk_scale(scale), B=B, H=H, HKV=HKV, GROUP=group, NQ=NQ,
-                      NMAX=k_cache.shape[2], D=D, BLOCK_D=block_d, PRECISION="ieee")
+                      SLOPES=lse_part if alibi_slopes is None else alibi_slopes,
+                      SINKS=lse_part if sinks is None else sinks, qk_scale=kit.qk_scale(scale), B=B, H=H,
+                      HKV=HKV, GROUP=group, NQ=NQ, NMAX=nmax, D=D, win_l=win_l, win_r=win_r,
+                      softcap2=float(softcap) * kit.LOG2E.value if softcap else 1.0, BLOCK_D=block_d,
+                      PRECISION="ieee", **variants)
     if num_splits == 1:
         return o_part.view(B, H, NQ, D), lse_part.view(B, H, NQ)
     o = torch.empty_like(q)
     lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
-    COMBINE_SPEC.launch(OP=o_part, LP=lse_part, O=o, LSE=lse, n_rows=n_rows, H=H, NQ=NQ, N_SPLITS=num_splits,
-                        D=D, BLOCK_S=max(2, kit.next_pow2(num_splits)), BLOCK_D=block_d)
+    sink = {} if sinks is None else {"SINK": True}
+    COMBINE_SPEC.launch(OP=o_part, LP=lse_part, O=o, LSE=lse, SINKS=lse if sinks is None else sinks,
+                        n_rows=n_rows, H=H, NQ=NQ, N_SPLITS=num_splits, D=D,
+                        BLOCK_S=max(2, kit.next_pow2(num_splits)), BLOCK_D=block_d, **sink)
     return o, lse

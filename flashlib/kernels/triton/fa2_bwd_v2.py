@@ -14,6 +14,16 @@
 #   masked, with the forward's ranges and masks (flashlib.kernels.triton.kit: key_range,
 #   query_range, mask_*); each loop stays one loop that tests its block (kit says why); rows that
 #   see no key (lse = -inf, kit.load_lse2) get P = 0, so their gradients are 0, not NaN.
+#   The attention variants (issue 24), as the forward's: constexpr switches (WINDOW, SOFTCAP, ALIBI,
+#   DROPOUT), each off by default, so that the dense kernels compile exactly as without them (the
+#   compile report's rows). Window: the dK/dV kernel visits only the query blocks of its key
+#   block's band and the dQ kernel only the key blocks of its query block's (kit.band_query_range,
+#   band_key_range), masking the partial ones. Softcap and ALiBi: the scores recomputed as the
+#   forward made them, and dS times 1 - tanh^2 of the capped score (ALiBi's slopes get no
+#   gradient). Dropout: Z regenerated from the forward's counters (kit.dropout_keep), never stored;
+#   dV = (P o Z / (1 - p))^T dO and dP o Z / (1 - p) in dS. Sinks: the saved LSE includes the sink,
+#   so P needs nothing; dsinks = -sum exp(sink - lse) D over batch and rows, one torch expression on
+#   the host from lse and the preprocess's D.
 #   Every grid is flat, as the forward's (flashlib.kernels.triton.flat_grid): program p is block
 #   p % n_blocks of (batch, head) — of (batch, kv head) for dK/dV — p // n_blocks (kit.unflatten).
 #   Each kernel's KernelSpec (flashlib.kernels.triton.spec), read from its signature, and its config
@@ -34,7 +44,7 @@ import torch
 from ...hardware import device_facts
 from . import kit, triton, tl
 from .configs import Config, Tables, refusal
-from .fa2_fwd_v1 import grid as fwd_grid
+from .fa2_fwd_v1 import grid as fwd_grid, variant_args as fwd_variant_args
 from .spec import KernelSpec, staged_bytes
 
 __all__ = ["backward", "grid_preprocess", "grid_dkdv", "grid_dq", "PREPROCESS_BLOCK_M",
@@ -67,16 +77,46 @@ def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_on,
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
+def _row_slopes(ptr, BLOCK_M: tl.constexpr, ALIBI: tl.constexpr):
+    """ALiBi: the slope at ``ptr`` (one query head's) in base 2, once per
+    row (BLOCK_M,), as kit.alibi_bias takes it; 0.0 (unused) without."""
+    if ALIBI:
+        slopes2 = tl.full([BLOCK_M], 0.0, tl.float32) + \
+            tl.load(ptr) * kit.LOG2E
+    else:
+        slopes2 = 0.0
+    return slopes2
+
+
+@triton.jit
+def _dropout_counters(seed_lo, seed_hi, drop_lo, drop_hi, bh, NQ, NK,
+                      DROPOUT: tl.constexpr):
+    """Dropout: ``(seed, base)`` for kit.dropout_keep, both 64-bit, the
+    counters of head ``bh`` = b·H + h starting at offset + bh·Nq·Nk (the
+    forward's, flashlib.ladder.dropout); ``(0, 0)`` (unused) without."""
+    if DROPOUT:
+        seed = kit.join64(seed_lo, seed_hi)
+        base = kit.join64(drop_lo, drop_hi) + bh * NQ * NK
+    else:
+        seed = 0
+        base = 0
+    return seed, base
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn,
               stride_dob, stride_doh, stride_don,
               stride_dkb, stride_dkh, stride_dkn,
               stride_dvb, stride_dvh, stride_dvn,
-              qk_scale, scale, H, HKV, GROUP, NQ, NK, D,
+              qk_scale, scale, H, HKV, GROUP, NQ, NK, D, win_l, win_r,
+              softcap2, drop_p, seed_lo, seed_hi, drop_lo, drop_hi,
               CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-              UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+              WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+              ALIBI: tl.constexpr = False, DROPOUT: tl.constexpr = False):
     # line 5: this program's key block j, of batch b, kv head hk
     pid_n, pid_bhk = kit.unflatten(tl.program_id(0), tl.cdiv(NK, BLOCK_N))
     hk, b = kit.unflatten(pid_bhk, HKV)
@@ -96,18 +136,23 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                       UPCAST=UPCAST)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # line 7: dK_j = dV_j = 0
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # on chip, fp32
-    # Causal: query blocks before lo see none of key block j; those starting
-    # before hi_masked see part of it.
-    lo, hi_masked = kit.query_range(
-        start_n=start_n, NQ=NQ, NK=NK, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        CAUSAL=CAUSAL)
+    # the query blocks that see key block j: the band's, or the causal ones
+    lo, lo_full, hi_full, hi, hi_masked = kit.dkdv_query_range(
+        start_n=start_n, NQ=NQ, NK=NK, win_l=win_l, win_r=win_r,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, WINDOW=WINDOW)
     h = hk * GROUP    # the group's first query head: its Q, dO, LSE, D
     q_base = Q + b * stride_qb + h * stride_qh
     do_base = DO + b * stride_dob + h * stride_doh
     lse_base = LSE + (b * H + h) * NQ
     delta_base = DELTA + (b * H + h) * NQ
+    # The variants' per-head values, walked with the head as the pointers
+    # are (unused, and compiled out, where their constexpr is off).
+    slopes_ptr = SLOPES + b * H + h       # ALiBi: the head's slope
+    seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo, drop_hi,
+                                        b * H + h, NQ, NK, DROPOUT)
     for g in range(0, GROUP):       # GQA: every query head reading kv head hk
-        for start_m in range(lo, NQ, BLOCK_M):   # line 8: the query blocks i
+        slopes2 = _row_slopes(slopes_ptr, BLOCK_M, ALIBI)
+        for start_m in range(lo, hi, BLOCK_M):   # line 8: the query blocks i
             offs_m = start_m + offs_m0        # (BLOCK_M,) query rows
             row_ok = offs_m < NQ
             m_rows = offs_m.to(tl.int64)
@@ -123,7 +168,11 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                 dk=dk, dv=dv, q=q, do=do, k=k, v=v, LSE=lse_base,
                 DELTA=delta_base, start_m=start_m, offs_m=offs_m,
                 offs_n=offs_n, hi_masked=hi_masked, NQ=NQ, NK=NK,
-                qk_scale=qk_scale, CAUSAL=CAUSAL, PRECISION=PRECISION)
+                qk_scale=qk_scale, CAUSAL=CAUSAL, PRECISION=PRECISION,
+                lo_full=lo_full, hi_full=hi_full, win_l=win_l, win_r=win_r,
+                softcap2=softcap2, slopes2=slopes2, seed=seed,
+                drop_base=drop_base, drop_p=drop_p, WINDOW=WINDOW,
+                SOFTCAP=SOFTCAP, ALIBI=ALIBI, DROPOUT=DROPOUT)
         # The group's next query head: the pointers walk (h·stride in 64
         # bits inside the loop spilled 92 bytes in the TMA twin on sm_90,
         # walking 8; triton 3.9 cross-compiled).
@@ -131,6 +180,10 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
         do_base += stride_doh
         lse_base += NQ
         delta_base += NQ
+        if ALIBI:
+            slopes_ptr += 1
+        if DROPOUT:
+            drop_base += tl.cast(NQ, tl.int64) * NK
     dk = dk * scale           # dS = scale * dS: applied once, at the end
     # line 18: write dK_j, dV_j
     dk_rows = DK + b * stride_dkb + hk * stride_dkh + keys * stride_dkn
@@ -142,15 +195,18 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
 
 
 @triton.jit
-def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
+def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES,
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
             stride_vb, stride_vh, stride_vn,
             stride_dob, stride_doh, stride_don,
             stride_dqb, stride_dqh, stride_dqn,
-            qk_scale, scale, H, GROUP, NQ, NK, D,
+            qk_scale, scale, H, GROUP, NQ, NK, D, win_l, win_r, softcap2,
+            drop_p, seed_lo, seed_hi, drop_lo, drop_hi,
             CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-            UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+            UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+            WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+            ALIBI: tl.constexpr = False, DROPOUT: tl.constexpr = False):
     # dQ_i of this program's query block i, of batch b, head h
     pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))
     h, b = kit.unflatten(pid_bh, H)
@@ -176,11 +232,24 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)   # dQ_i, on chip, fp32
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
-    # the forward's key ranges
-    lo_masked, hi = kit.key_range(
-        start_m=pid_m * BLOCK_M, NQ=NQ, NK=NK, BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N, CAUSAL=CAUSAL)
-    for start_n in range(0, hi, BLOCK_N):
+    # The variants (constexprs, off by default: the dense kernel compiles
+    # as without them): this head's ALiBi slope and dropout counters.
+    slopes2 = _row_slopes(SLOPES + b * H + h, BLOCK_M, ALIBI)
+    seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo, drop_hi,
+                                        b * H + h, NQ, NK, DROPOUT)
+    if WINDOW:
+        # the band's key blocks, as the forward's: [lo, hi) seen, those
+        # outside [lo_full, hi_full) in part (masked), the rest never loaded
+        lo, lo_full, hi_full, hi = kit.band_key_range(
+            start_m=pid_m * BLOCK_M, NQ=NQ, NK=NK, WIN_L=win_l, WIN_R=win_r,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    else:
+        # the forward's key ranges
+        lo_masked, hi = kit.key_range(
+            start_m=pid_m * BLOCK_M, NQ=NQ, NK=NK, BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N, CAUSAL=CAUSAL)
+        lo = 0
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0              # (BLOCK_N,) key rows
         # K_j, V_j (BLOCK_N, BLOCK_D)
         k, v = kit.load_kv(
@@ -189,13 +258,33 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             UPCAST=UPCAST)
         # S_ij (BLOCK_M, BLOCK_N), in base 2
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        if start_n >= lo_masked:      # a diagonal or ragged block: kit's mask
-            s = kit.mask_scores(s=s, offs_m=offs_m, offs_n=offs_n, NK=NK,
-                                offset=NK - NQ, CAUSAL=CAUSAL)
+        if SOFTCAP:                   # the forward's order: softcap, ALiBi
+            s = kit.softcap_scores(s, softcap2)
+            t = s / softcap2          # tanh of the score / softcap
+        if ALIBI:
+            s = kit.alibi_bias(s=s, qpos=offs_m, offs_n=offs_n,
+                               offset=NK - NQ, slopes2=slopes2)
+        if WINDOW:
+            if (start_n < lo_full) | (start_n >= hi_full):   # the band
+                s = kit.mask_band(s=s, qpos=offs_m, offs_n=offs_n, NK=NK,
+                                  offset=NK - NQ, WIN_L=win_l, WIN_R=win_r)
+        else:
+            if start_n >= lo_masked:  # a diagonal or ragged block: kit's mask
+                s = kit.mask_scores(s=s, offs_m=offs_m, offs_n=offs_n,
+                                    NK=NK, offset=NK - NQ, CAUSAL=CAUSAL)
         p = tl.math.exp2(s - lse[:, None])      # P_ij (BLOCK_M, BLOCK_N)
+        if SOFTCAP:       # dS's factor 1 - t^2, folded into P (t dies here)
+            p = p * (1.0 - t * t)
+        if DROPOUT:       # Z regenerated, never stored: P o Z / (1 - p)
+            keep = kit.dropout_keep(seed=seed, base=drop_base, qpos=offs_m,
+                                    offs_n=offs_n, NK=NK, p=drop_p)
+            p_kept = tl.where(keep, p * (1.0 / (1.0 - drop_p)), 0.0)
         # dP_ij = dO_i V_j^T (BLOCK_M, BLOCK_N)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])          # dS_ij (BLOCK_M, BLOCK_N)
+        if DROPOUT:       # dS = P o (dP o Z / (1 - p) - D)
+            ds = p_kept * dp - p * delta[:, None]
+        else:
+            ds = p * (dp - delta[:, None])      # dS_ij (BLOCK_M, BLOCK_N)
         # line 15: dQ_i += dS_ij K_j
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     dq = dq * scale
@@ -267,28 +356,57 @@ DQ_CONFIGS = Tables(
     fp32=(Config(32, 16, 8, 1), Config(16, 16, 8, 1)),
     sm75_fp32=(Config(16, 16, 8, 1),),
     interpreter=Config(32, 16))
+# The variants' pointer and float scalars (flashlib.kernels.triton.fa2_fwd_v1.variant_args' names).
+_VARIANT_TYPES = dict(SLOPES="fp32", softcap2="fp32", drop_p="fp32")
 DKDV_SPEC = KernelSpec(
-    "fa2_bwd_dkdv", _bwd_dkdv, types=dict(LSE="fp32", DELTA="fp32", qk_scale="fp32", scale="fp32"),
+    "fa2_bwd_dkdv", _bwd_dkdv,
+    types=dict(LSE="fp32", DELTA="fp32", qk_scale="fp32", scale="fp32", **_VARIANT_TYPES),
     grid=lambda a: grid_dkdv(a["Q"].shape[0], a["HKV"], a["NK"], a["BLOCK_N"]),
     config="bwd_dkdv", tables=DKDV_CONFIGS, smem=smem_dkdv)
 DQ_SPEC = KernelSpec(
-    "fa2_bwd_dq", _bwd_dq, types=dict(LSE="fp32", DELTA="fp32", qk_scale="fp32", scale="fp32"),
+    "fa2_bwd_dq", _bwd_dq,
+    types=dict(LSE="fp32", DELTA="fp32", qk_scale="fp32", scale="fp32", **_VARIANT_TYPES),
     grid=lambda a: grid_dq(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
     config="bwd_dq", tables=DQ_CONFIGS, smem=smem_dq)
 
 
+def _variant_args(nq: int, nk: int, unused, *, causal: bool, window_size=(-1, -1), softcap: float = 0.0,
+                  alibi_slopes=None, dropout_p: float = 0.0, dropout_seed=None) -> dict:
+    """The variant arguments of the dK/dV and dQ kernels by name: the forward's
+    (:func:`flashlib.kernels.triton.fa2_fwd_v1.variant_args`, one definition of the band, the
+    softcap in base 2 and the dropout seed and offset words) less the sink, which the kernels never
+    read (the saved LSE includes it; dsinks is a sum on the host). A dense call gets every flag
+    off, so the dense kernels compile as without variants; ``unused`` (a float32 tensor) stands for
+    the slopes where there are none."""
+    args = fwd_variant_args(nq, nk, unused, causal=causal, window_size=window_size, softcap=softcap,
+                            alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_seed=dropout_seed)
+    del args["SINK"], args["SINKS"]
+    return args
+
+
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: bool = False,
              config_dkdv: Config | None = None, config_dq: Config | None = None,
-             dkdv_spec: KernelSpec = DKDV_SPEC):
-    """Launch the three backward kernels: ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``.
+             dkdv_spec: KernelSpec = DKDV_SPEC, window_size=(-1, -1), softcap: float = 0.0,
+             alibi_slopes=None, sinks=None, dropout_p: float = 0.0, dropout_seed=None):
+    """Launch the three backward kernels: ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``, and
+    ``dsinks`` (H,) float32 as a fourth when ``sinks`` is given.
 
     ``o`` and ``lse`` come from :func:`flashlib.kernels.triton.fa2_fwd_v1.forward`; ``do`` is dL/dO. For GQA,
     ``dk``/``dv`` are summed over the query heads of each group inside the kernel (no expanded copy).
     ``dkdv_spec``: the dK/dV kernel, this file's or one with its arguments (the TMA dK/dV,
     :mod:`flashlib.kernels.triton.fa2_bwd_v5_tma`).
 
+    The variants, as the forward took them (flash-attn's semantics, validated by flashlib.attention):
+    ``window_size`` ``(left, right)`` (the dK/dV kernel's query range and the dQ kernel's key range
+    skip the tiles outside the band), ``softcap`` (dS times 1 - tanh^2 of the recomputed score),
+    ``alibi_slopes`` float32 ``(B, H)`` (no gradient), ``sinks`` float32 ``(H,)`` (the saved lse
+    includes the sink, so P is already right: ``dsinks = -sum exp(sink - lse) D`` over batch and
+    rows), ``dropout_p`` with ``dropout_seed=(seed, offset)`` (Z regenerated from the forward's
+    counters, never stored). None used: the dense kernels, compiled as before.
+
     Explained in: notebooks/07b_backward_decoding.
-    Tested in: tests/kernels/triton/test_triton_fa2_bwd_v2.py.
+    Tested in: tests/kernels/triton/test_triton_fa2_bwd_v2.py and
+    tests/kernels/triton/test_triton_variants_bwd.py.
     """
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]
@@ -303,9 +421,16 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
     delta = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
     PREPROCESS_SPEC.launch(O=o, DO=do, DELTA=delta, H=H, NQ=NQ, D=D, BLOCK_D=block_d)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # every flag off when no variant is used: the dense kernels
+    variants = _variant_args(NQ, NK, delta, causal=causal, window_size=window_size, softcap=softcap,
+                             alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_seed=dropout_seed)
     args = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, qk_scale=kit.qk_scale(scale), scale=scale,
                 H=H, GROUP=H // HKV, NQ=NQ, NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d,
-                PRECISION="tf32" if allow_tf32 else "ieee")
+                PRECISION="tf32" if allow_tf32 else "ieee", **variants)
     dkdv_spec.launch(config_dkdv, **args, DK=dk, DV=dv, HKV=HKV)
     DQ_SPEC.launch(config_dq, **args, DQ=dq)
-    return dq, dk, dv
+    if sinks is None:
+        return dq, dk, dv
+    # dsink_h = -sum_{b,i} exp(sink_h - lse_bhi) D_bhi: lse >= sink, so exp <= 1 (no overflow)
+    dsinks = -(torch.exp(sinks.to(torch.float32).reshape(1, H, 1) - lse) * delta).sum((0, 2))
+    return dq, dk, dv, dsinks

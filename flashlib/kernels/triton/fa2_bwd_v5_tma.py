@@ -8,7 +8,9 @@
 #   and columns past d read as 0, and the stores drop them. The loops and the GQA sum over a group's
 #   query heads are version 2's, and the step of the inner loop (recomputing P, the masks, dV, dP,
 #   dS, dK) is its very function, kit.dkdv_step. DKDV_SPEC is version 2's (arguments, grid, config
-#   table, shared memory) with this kernel and scratch=True.
+#   table, shared memory) with this kernel and scratch=True. The attention variants (issue 24:
+#   window, softcap, ALiBi, dropout; sinks on the host) come with them: version 2's band query range
+#   and per-head walk, the same step; off, the dense kernel compiles as before.
 #   Why this kernel first: it holds two fp32 accumulators (dK_j, dV_j) plus K_j, V_j and the P/dS
 #   tiles, and it is the one that spills. Cross-compiled for sm_90 by triton 3.9 at the config an
 #   H100 measured fastest and right (M64-N64-w4-s2, d = 128, fp16, causal), version 2 spills 216
@@ -42,17 +44,21 @@ __all__ = ["backward", "DKDV_SPEC"]
 
 
 @triton.jit
-def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
+def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES,
                   stride_qb, stride_qh, stride_qn,
                   stride_kb, stride_kh, stride_kn,
                   stride_vb, stride_vh, stride_vn,
                   stride_dob, stride_doh, stride_don,
                   stride_dkb, stride_dkh, stride_dkn,
                   stride_dvb, stride_dvh, stride_dvn,
-                  qk_scale, scale, H, HKV, GROUP, NQ, NK, D,
+                  qk_scale, scale, H, HKV, GROUP, NQ, NK, D, win_l, win_r,
+                  softcap2, drop_p, seed_lo, seed_hi, drop_lo, drop_hi,
                   CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                  UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                  WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+                  ALIBI: tl.constexpr = False,
+                  DROPOUT: tl.constexpr = False):
     # line 5: this program's key block j, of batch b, kv head hk
     pid_n, pid_bhk = kit.unflatten(tl.program_id(0), tl.cdiv(NK, BLOCK_N))
     hk, b = kit.unflatten(pid_bhk, HKV)
@@ -72,23 +78,27 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
         v = v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # line 7: dK_j = dV_j = 0
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # on chip, fp32
-    # Causal: query blocks before lo see none of key block j; those starting
-    # before hi_masked see part of it.
-    lo, hi_masked = kit.query_range(
-        start_n=start_n, NQ=NQ, NK=NK, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        CAUSAL=CAUSAL)
+    # the query blocks that see key block j: the band's, or the causal ones
+    lo, lo_full, hi_full, hi, hi_masked = kit.dkdv_query_range(
+        start_n=start_n, NQ=NQ, NK=NK, win_l=win_l, win_r=win_r,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, WINDOW=WINDOW)
     h = hk * GROUP    # the group's first query head: its Q, dO, LSE, D
     q_base = Q + b * stride_qb + h * stride_qh
     do_base = DO + b * stride_dob + h * stride_doh
     lse_base = LSE + (b * H + h) * NQ
     delta_base = DELTA + (b * H + h) * NQ
+    # the variants' per-head values, walked as version 2 walks them
+    slopes_ptr = SLOPES + b * H + h
+    seed, drop_base = fa2_bwd_v2._dropout_counters(
+        seed_lo, seed_hi, drop_lo, drop_hi, b * H + h, NQ, NK, DROPOUT)
     for g in range(0, GROUP):       # GQA: every query head reading kv head hk
+        slopes2 = fa2_bwd_v2._row_slopes(slopes_ptr, BLOCK_M, ALIBI)
         # descriptors of the head's Q and dO (NQ, D), in (BLOCK_M, BLOCK_D)
         q_desc = kit.desc_2d(base=q_base, N=NQ, D=D, stride_n=stride_qn,
                              ROWS=BLOCK_M, BLOCK_D=BLOCK_D)
         do_desc = kit.desc_2d(base=do_base, N=NQ, D=D, stride_n=stride_don,
                               ROWS=BLOCK_M, BLOCK_D=BLOCK_D)
-        for start_m in range(lo, NQ, BLOCK_M):   # line 8: the query blocks i
+        for start_m in range(lo, hi, BLOCK_M):   # line 8: the query blocks i
             # line 9: Q_i, dO_i (BLOCK_M, BLOCK_D), one TMA copy each
             q = q_desc.load([start_m, 0])
             do = do_desc.load([start_m, 0])
@@ -100,12 +110,20 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV,
                 dk=dk, dv=dv, q=q, do=do, k=k, v=v, LSE=lse_base,
                 DELTA=delta_base, start_m=start_m, offs_m=start_m + offs_m0,
                 offs_n=offs_n, hi_masked=hi_masked, NQ=NQ, NK=NK,
-                qk_scale=qk_scale, CAUSAL=CAUSAL, PRECISION=PRECISION)
+                qk_scale=qk_scale, CAUSAL=CAUSAL, PRECISION=PRECISION,
+                lo_full=lo_full, hi_full=hi_full, win_l=win_l, win_r=win_r,
+                softcap2=softcap2, slopes2=slopes2, seed=seed,
+                drop_base=drop_base, drop_p=drop_p, WINDOW=WINDOW,
+                SOFTCAP=SOFTCAP, ALIBI=ALIBI, DROPOUT=DROPOUT)
         # the next query head of the group, as version 2
         q_base += stride_qh
         do_base += stride_doh
         lse_base += NQ
         delta_base += NQ
+        if ALIBI:
+            slopes_ptr += 1
+        if DROPOUT:
+            drop_base += tl.cast(NQ, tl.int64) * NK
     dk = dk * scale           # dS = scale * dS: applied once, at the end
     # line 18: rows past NK are dropped
     kit.desc_2d(base=DK + b * stride_dkb + hk * stride_dkh, N=NK, D=D,
@@ -123,11 +141,13 @@ DKDV_SPEC = dataclasses.replace(fa2_bwd_v2.DKDV_SPEC, name="fa2_bwd_dkdv_tma", f
 
 
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, config_dkdv: Config | None = None,
-             config_dq: Config | None = None):
+             config_dq: Config | None = None, **variants):
     """Version 2's backward (:func:`flashlib.kernels.triton.fa2_bwd_v2.backward`) with this file's dK/dV
-    kernel: ``(dq, dk, dv)``. q, k, v, do are checked as flashlib.attention checks them (TypeError /
-    ValueError naming the argument); ValueError if :func:`flashlib.kernels.triton.fa2_fwd_v4_tma.supported`
-    refuses q, k, v or do.
+    kernel: ``(dq, dk, dv)``, and ``dsinks`` as a fourth with ``sinks``. q, k, v, do are checked as
+    flashlib.attention checks them (TypeError / ValueError naming the argument); ValueError if
+    :func:`flashlib.kernels.triton.fa2_fwd_v4_tma.supported` refuses q, k, v or do. ``variants``:
+    version 2's (window_size, softcap, alibi_slopes, sinks, dropout_p, dropout_seed), passed on as
+    given (validated by flashlib.attention): this kernel computes them with version 2's step.
 
     Explained in: notebooks/07c_hopper.
     Tested in: tests/kernels/triton/test_triton_fa2_bwd_v5_tma.py.
@@ -144,4 +164,4 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, config_dkdv: Co
     if why is not None:
         raise ValueError(f"fa2_bwd_v5_tma.backward: {why}")
     return fa2_bwd_v2.backward(q, k, v, o, lse, do, causal=causal, scale=scale, config_dkdv=config_dkdv,
-                            config_dq=config_dq, dkdv_spec=DKDV_SPEC)
+                               config_dq=config_dq, dkdv_spec=DKDV_SPEC, **variants)

@@ -27,7 +27,9 @@
 #   a call qualifies and why not; triton >= 3.4 (:func:`descriptors_missing`). Device-side
 #   descriptors need a global scratch buffer (128 bytes per descriptor per program): the spec says
 #   scratch=True, and KernelSpec.launch sets Triton's allocator for this launch only, leaving the
-#   caller's alone. Head dim <= 256, any B·H (flat grid), 64-bit offsets as version 1.
+#   caller's alone. Head dim <= 256, any B·H (flat grid), 64-bit offsets as version 1. No attention
+#   variant (window, softcap, ALiBi, sinks, dropout; issue 24): :func:`supported` names the one
+#   given, and version 1 runs it.
 #   Warp specialization is off: triton 3.9 cannot do it for this loop (cross-compiled for sm_90,
 #   with 4 warps its NVGPUWarpSpecialization pass fails on an MLIR dominance assertion; with 8 warps
 #   it leaves the loop whole, one partition, no setmaxnreg), and Triton's persistent-matmul tutorial
@@ -151,8 +153,10 @@ def _fwd_tma_kernel(Q, K, V, O, LSE,
 # Version 1's grid, config table and shared memory; this kernel, which makes tensor descriptors on the
 # device (Triton's scratch allocator during the launch); the key loop as it runs by default, or
 # warp-specialized (an experiment: see the header).
+# (Version 1's types less its variants' pointers and scalars: this kernel takes no variant, supported
+# refuses them.)
 SPEC = dataclasses.replace(fa2_fwd_v1.SPEC, name="fa2_fwd_tma", fn=_fwd_tma_kernel, scratch=True,
-                           constants=dict(WARP_SPECIALIZE=False))
+                           types=dict(LSE="fp32", qk_scale="fp32"), constants=dict(WARP_SPECIALIZE=False))
 SPEC_WARP_SPECIALIZED = dataclasses.replace(SPEC, constants=dict(WARP_SPECIALIZE=True))
 
 
@@ -178,21 +182,41 @@ def descriptors_missing(version=None) -> str | None:
 _NO_DESCRIPTORS = descriptors_missing()       # this process's Triton: asked once, at import
 
 
-def supported(q, k, v, do=None) -> str | None:
+# The attention variants at their defaults (off): what supported accepts (issue 24).
+_VARIANT_DEFAULTS = dict(window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
+                         dropout_seed=None)
+
+
+def supported(q, k, v, do=None, **variants) -> str | None:
     """None if tensor descriptors can carry these tensors (and ``do``, for the backward), else why not
     (one sentence). This Triton must have tensor descriptors (:func:`descriptors_missing`: 3.4 on).
+    ``variants``: the attention variants of the call (window_size, softcap, alibi_slopes, sinks,
+    dropout_p, dropout_seed); the TMA kernels run none of them, so one that is not at its default
+    (off) gets a reason naming it (versions 1 and 2 run them).
 
     TMA's rules: fp16/bf16 here, the last dim contiguous, every other stride and every (batch, head)
     start a multiple of 16 bytes, the base 16-byte aligned; rows that do not overlap (a 2-D descriptor
     per (batch, head) needs a row stride; batch and head strides may be 0, as in an expanded K/V).
 
     Explained in: notebooks/07c_hopper.
-    Tested in: tests/kernels/triton/test_triton_fa2_fwd_v4_tma.py.
+    Tested in: tests/kernels/triton/test_triton_fa2_fwd_v4_tma.py and
+    tests/kernels/triton/test_triton_variants_fwd.py.
     """
     for t in (q, k, v, do):                         # plain loops: the backend asks on every call
         if t is not None and not isinstance(t, torch.Tensor):
             check_tensors(q, k, v)                  # raises the TypeError naming the argument
             raise TypeError(f"do must be a torch.Tensor or None, got {type(do).__name__}")
+    for name, value in variants.items():           # the attention variants: none here
+        if name not in _VARIANT_DEFAULTS:
+            raise TypeError(f"supported() got an unexpected keyword argument {name!r}")
+        if name == "dropout_seed":                  # comes with dropout_p, which decides
+            continue
+        default = _VARIANT_DEFAULTS[name]
+        off = value is None if default is None else (tuple(value) == default if name == "window_size"
+                                                     else not value)
+        if not off:
+            return (f"the TMA kernels take no attention variant, and {name} is given "
+                    "(versions 1 and 2 run it)")
     if _NO_DESCRIPTORS:
         return _NO_DESCRIPTORS
     if q.dtype not in (torch.float16, torch.bfloat16):
