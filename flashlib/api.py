@@ -217,10 +217,14 @@ def default_num_splits(q, k_cache) -> int:
 
 
 def _band(q, k_cache, window_size=(-1, -1)) -> int:
-    """How many cache entries a decode call can read per sequence: Nmax, or with a left window L the
-    last ``L + Nq`` of a sequence (its queries sit at its end), whichever is fewer."""
-    left, nmax = window_size[0], k_cache.shape[2]
-    return nmax if left < 0 else min(nmax, left + q.shape[2])
+    """How many cache entries a decode call can read per sequence (at most): the keys some query of a
+    full cache sees (:func:`flashlib.ladder.decoding.band_keys`; with a left window L, the last
+    ``L + Nq``), at least 1."""
+    if tuple(window_size) == (-1, -1):
+        return k_cache.shape[2]                   # no window: the whole cache (Nmax >= 1)
+    from .ladder.decoding import band_keys
+    lo, hi = band_keys(q.shape[2], k_cache.shape[2], window=tuple(window_size))
+    return max(hi - lo, 1)
 
 
 def _default_num_splits(q, k_cache, window_size=(-1, -1)) -> int:
@@ -235,7 +239,7 @@ def _default_num_splits(q, k_cache, window_size=(-1, -1)) -> int:
     from .hardware import device_facts
     facts = device_facts(q.device)                       # the driver's (once per device), or a rehearsed GPU's
     sms = facts.sms if facts is not None else CPU_SPLIT_SMS
-    return choose_num_splits(B * hkv, row_blocks, max(_band(q, k_cache, window_size), 1), sms, block_k=256)
+    return choose_num_splits(B * hkv, row_blocks, _band(q, k_cache, window_size), sms, block_k=256)
 
 
 def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=None, window_size=(-1, -1),
@@ -298,7 +302,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, scale=No
     num_splits = (_default_num_splits(q, k_cache, window) if num_splits is None
                   else check_num_splits(num_splits))
     # a split of no key adds nothing (Nmax >= 1); a window's band is all a sequence can read
-    num_splits = min(num_splits, max(_band(q, k_cache, window), 1))
+    num_splits = min(num_splits, _band(q, k_cache, window))
     return_lse = check_flag(return_lse, "return_lse")
     scale = check_scale(scale, q.shape[-1])
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k_cache, v_cache)):
