@@ -14,7 +14,8 @@ import numpy as np
 DESCRIPTION = "the ladder's NumPy fa2/decoding on a CPU copy (slow; any device)"
 KERNELS: dict = {}      # one algorithm per role: no versions to choose (kernel= must be None)
 VARIANTS = {"attention": frozenset({"window_size", "softcap", "alibi_slopes", "sinks", "dropout_p"}),
-            "decode": frozenset({"window_size", "softcap", "alibi_slopes", "sinks"})}
+            "decode": frozenset({"window_size", "softcap", "alibi_slopes", "sinks", "block_table"})}
+VARIANTS["varlen"] = VARIANTS["attention"]            # packed batches take every attention variant
 
 
 def _to_numpy(x) -> np.ndarray:
@@ -81,18 +82,85 @@ def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(No
     return grads
 
 
-def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale, kernel=None, **variants):
+def _numpy_variants(variants):
+    """The variants with NumPy slopes ``(B, H)`` and sinks ``(H,)``, as :mod:`flashlib.ladder.serving`
+    takes them (it picks each sequence's row itself)."""
+    return {name: _to_numpy(x) if name in ("alibi_slopes", "sinks") else x for name, x in variants.items()}
+
+
+def _cu(cu):
+    """An int32 tensor (cu_seqlens, a block table) as a CPU int64 NumPy array."""
+    import torch
+    return cu.detach().to("cpu", torch.int64).numpy()
+
+
+def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, scale, allow_tf32=False, **variants):
+    """Backend.forward_varlen: :func:`flashlib.ladder.serving.varlen_forward` on a CPU copy (one
+    :func:`flashlib.ladder.fa2.forward` per sequence, GQA expanded): ``o (total_q, H, d)``,
+    ``lse (H, total_q)``.
+    Explained in: notebooks/10_serving."""
+    from ..ladder import serving
+    o, lse = serving.varlen_forward(_to_numpy(q), _to_numpy(k), _to_numpy(v), _cu(cu_q), _cu(cu_k),
+                                    int(max_q), int(max_k), causal=causal, scale=scale,
+                                    **_numpy_variants(variants))
+    return _to_torch(o, q), _lse_to_torch(lse, q)
+
+
+def backward_varlen(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k, *, causal, scale, allow_tf32=False,
+                    **variants):
+    """Backend.backward_varlen: :func:`flashlib.ladder.serving.varlen_backward`; dk, dv summed back
+    per GQA group; with sinks, ``dsinks`` ``(H,)`` summed over the sequences as a fourth gradient.
+    Explained in: notebooks/10_serving."""
+    from ..ladder import serving
+    dq, dk, dv, *dsinks = serving.varlen_backward(
+        _to_numpy(q), _to_numpy(k), _to_numpy(v), _to_numpy(o), _to_numpy(lse), _to_numpy(do),
+        _cu(cu_q), _cu(cu_k), int(max_q), int(max_k), causal=causal, scale=scale,
+        **_numpy_variants(variants))
+    grads = (_to_torch(dq, q), _to_torch(dk, k), _to_torch(dv, v))
+    if dsinks:
+        grads += (_to_torch(dsinks[0], q, _lse_to_torch(lse, q).dtype),)
+    return grads
+
+
+def _gather_paged(k_cache, v_cache, cache_seqlens, block_table):
+    """A paged cache as the dense ``(B, Hkv, capacity, d)`` arrays and the lengths to attend (clamped
+    into ``[0, capacity]``; page indices clamped into ``[0, num_pages - 1]``, as the kernels do):
+    each sequence's first ``len_b`` tokens gathered through its block-table row."""
+    from ..ladder import serving
+    kn, vn = _to_numpy(k_cache), _to_numpy(v_cache)       # (num_pages, page_size, Hkv, d)
+    table = _cu(block_table)                               # (B, max_pages)
+    B, capacity = table.shape[0], table.shape[1] * kn.shape[1]
+    if cache_seqlens is None:
+        lens = [capacity] * B
+    else:
+        lens = cache_seqlens.detach().clamp(0, capacity).cpu().tolist()
+    dense_k = np.zeros((B, kn.shape[2], capacity, kn.shape[3]), dtype=kn.dtype)
+    dense_v = np.zeros((B, vn.shape[2], capacity, vn.shape[3]), dtype=vn.dtype)
+    for b, n in enumerate(lens):                           # (len_b, Hkv, d) -> (Hkv, len_b, d)
+        dense_k[b, :, :n] = serving.gather_pages(kn, table[b], n).swapaxes(0, 1)
+        dense_v[b, :, :n] = serving.gather_pages(vn, table[b], n).swapaxes(0, 1)
+    return dense_k, dense_v, lens
+
+
+def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale, kernel=None, block_table=None,
+           **variants):
     """Backend.decode: :func:`flashlib.ladder.decoding.forward`, sequence by sequence
-    (``cache_seqlens`` None: every sequence uses the whole cache), with the variants.
-    Explained in: notebooks/07_triton."""
+    (``cache_seqlens`` None: every sequence uses the whole cache), with the variants. With
+    ``block_table`` the caches are paged ``(num_pages, page_size, Hkv, d)``: each sequence's tokens
+    are first gathered into a dense cache (:func:`flashlib.ladder.serving.gather_pages`).
+    Explained in: notebooks/07_triton and notebooks/10_serving."""
     from ..ladder import decoding
     B, H, NQ, D = q.shape
-    group, nmax = H // k_cache.shape[1], k_cache.shape[2]
-    qn, kn, vn = _to_numpy(q), _to_numpy(k_cache), _to_numpy(v_cache)
-    if cache_seqlens is None:
-        lens = [nmax] * B
+    qn = _to_numpy(q)
+    if block_table is not None:                        # paged: gather, then the dense path
+        kn, vn, lens = _gather_paged(k_cache, v_cache, cache_seqlens, block_table)
     else:
-        lens = cache_seqlens.detach().clamp(0, nmax).cpu().tolist()          # as the kernels clamp
+        kn, vn, nmax = _to_numpy(k_cache), _to_numpy(v_cache), k_cache.shape[2]
+        if cache_seqlens is None:
+            lens = [nmax] * B
+        else:
+            lens = cache_seqlens.detach().clamp(0, nmax).cpu().tolist()      # as the kernels clamp
+    group = H // kn.shape[1]
     o = np.zeros(qn.shape, dtype=qn.dtype)
     lse = np.full(qn.shape[:-1], -np.inf, dtype=qn.dtype)
     for b in range(B):                                 # ragged: each sequence its own valid length

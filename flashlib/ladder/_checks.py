@@ -225,7 +225,7 @@ def check_per_head(x, name: str, lead, dtype):
 
 def check_dropout(dropout_p, dropout_seed):
     """``dropout_p`` a real in [0, 1); when > 0, ``dropout_seed`` a pair of ints (seed, offset) with
-    0 <= seed < 2**63 and 0 <= offset < 2**40 (flashlib.ladder.dropout). Returns
+    0 <= seed < 2**63 and 0 <= offset < 2**62 (flashlib.ladder.dropout). Returns
     ``(dropout_p, dropout_seed or None)``."""
     from .dropout import OFFSET_LIMIT, SEED_LIMIT, check_seed
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):

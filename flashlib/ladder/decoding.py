@@ -7,7 +7,8 @@ parallelism over the keys: split K/V into ``num_splits`` chunks, attend to each
 independently — writing a partial output O_s and its log-sum-exp LSE_s — then
 merge them in a second kernel by LSE rescaling (the same merge as the online
 softmax). Any number of queries works; decoding is the case Nq = 1 with a long
-K/V.
+K/V. :func:`combine` is :func:`flashlib.ladder.serving.merge_many`, the merge
+of attention states folded over the splits (notebooks/10_serving).
 
 Explained in: notebooks/06_flash_decoding.
 """

@@ -31,8 +31,8 @@ number ``u = tl.rand(seed, c)``:
 Element ``(b, h, i, j)`` is KEPT iff ``u >= p`` (probability ``1 - p``;
 the comparison in float32, ``p`` rounded to float32 as a kernel receives it).
 ``seed`` and ``offset`` are ints (``0 <= seed < 2**63``,
-``0 <= offset < 2**40``); ``flashlib.attention`` draws them from torch's
-default CPU generator, so ``torch.manual_seed`` reproduces a call. In a
+``0 <= offset < 2**62``; ``flashlib.attention`` draws them, offset below
+2**40, from torch's default CPU generator, so ``torch.manual_seed`` reproduces a call. In a
 Triton kernel, ``tl.rand(seed, c)`` with ``c`` an int64 block gives the same
 ``u`` on triton 3.6 and later (tests/ladder/test_dropout.py checks it bit for
 bit in Triton's interpreter); triton 3.2 and 3.3 run a 64-bit Philox for
@@ -59,7 +59,9 @@ _32 = np.uint64(32)
 ROUNDS = 10
 # Triton's uint_to_uniform_float: the largest scale with MAX_INT * scale < 1
 _TO_UNIFORM = np.float32(4.6566127342e-10)
-SEED_LIMIT, OFFSET_LIMIT = 2 ** 63, 2 ** 40
+# The API draws offsets below 2**40 (flashlib.validation.MAX_DROPOUT_OFFSET); the ladder takes up to
+# 2**62, so that a ragged batch's per-sequence offsets (offset + b·H·max_q·max_k, chapter 10) fit.
+SEED_LIMIT, OFFSET_LIMIT = 2 ** 63, 2 ** 62
 
 
 def _philox(seed: int, counters: np.ndarray) -> np.ndarray:
@@ -115,7 +117,7 @@ def keep_mask(seed, offset, shape, p, *, rows=None, cols=None) -> np.ndarray:
 
     Args:
         seed, offset: the call's ints (``0 <= seed < 2**63``,
-            ``0 <= offset < 2**40``), ``dropout_seed=(seed, offset)``.
+            ``0 <= offset < 2**62``), ``dropout_seed=(seed, offset)``.
         shape: the full ``(..., Nq, Nk)`` (``(B, H, Nq, Nk)`` for the torch
             API): it fixes every element's counter.
         p: the dropout probability, in ``[0, 1)``.

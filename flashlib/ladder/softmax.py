@@ -11,7 +11,9 @@ helpers.
 * :func:`merge` — the operator that combines the ``(m, l)`` states of two parts
   of a row. It is associative and commutative, which is what lets
   FlashAttention process key blocks in any grouping and Flash-Decoding / ring
-  attention combine partial results.
+  attention combine partial results. Carried with the output, as states
+  ``(o, lse)`` with ``lse = m + log(l)``, it is
+  :func:`flashlib.ladder.serving.merge` (notebooks/10_serving): one operator.
 
 A row whose entries are all ``-inf`` (a query that sees no key) has softmax 0
 and lse ``-inf``.

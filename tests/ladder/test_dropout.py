@@ -69,7 +69,7 @@ def test_keep_mask_keeps_one_minus_p_and_differs_per_seed_and_offset():
     (lambda: philox_uniform(1, np.arange(3.0)), TypeError, "counters"),
     (lambda: philox_uniform(1, np.array([-1])), ValueError, "counters"),
     (lambda: keep_mask(1, -1, (2, 2), 0.5), ValueError, "offset"),
-    (lambda: keep_mask(1, 2 ** 40, (2, 2), 0.5), ValueError, "offset"),
+    (lambda: keep_mask(1, 2 ** 62, (2, 2), 0.5), ValueError, "offset"),
     (lambda: keep_mask(1, 0, (2,), 0.5), ValueError, "shape"),
     (lambda: keep_mask(1, 0, 5, 0.5), TypeError, "shape"),
     (lambda: keep_mask(1, 0, (2, -2), 0.5), ValueError, "shape"),
