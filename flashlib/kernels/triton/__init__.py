@@ -140,7 +140,7 @@ if INTERPRET:
 def check_tensors(*tensors) -> None:
     """Refuse tensors this process cannot run Triton kernels on, saying what to do instead.
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/test_validation.py.
     """
     devices = {t.device.type for t in tensors}

@@ -29,15 +29,40 @@
 #   Each kernel's KernelSpec (flashlib.kernels.triton.spec), read from its signature, and its config
 #   table sit beside it; backward launches the dK/dV spec it is given (dkdv_spec): version 5
 #   (fa2_bwd_v5_tma.py) is this backward with its own dK/dV kernel.
+#   Ragged batches (issue 25; notebooks/10_serving): the dK/dV and dQ kernels take one more
+#   constexpr switch, VARLEN, off by default (the dense kernels compile exactly as before: the
+#   compile report's rows), and the arguments CU_Q, CU_K (cu_seqlens, int32) and TQ, TK (the total
+#   rows), which a dense call passes unused. On, backward_varlen launches them (DKDV_VARLEN_SPEC,
+#   DQ_VARLEN_SPEC) on token-major q, o, do, dq (Tq, H, d) and k, v, dk, dv (Tk, Hkv, d), as
+#   (1, H, T, d) views whose row stride is the token stride; lse and D are (H, Tq). The grids are
+#   the dense ones with B = the number of sequences and N = max_seqlen: program (b·H + h, block)
+#   reads sequence b's rows cu[b]..cu[b+1] (clamped into the tensors: cu_seqlens are never read
+#   back on a GPU), exits at once past the sequence's end, and from then on is the dense program on
+#   that sequence's pointers and lengths nq_b, nk_b, so every mask, range and variant is per
+#   sequence (bottom-right, offset nk_b - nq_b). Only dropout's counters need their own base:
+#   sequence b's are the dense ones of its own (1, H, nq_b, nk_b) problem at offset + b·H·max_q·
+#   max_k (V25). D = rowsum(dO o O) needs no sequence: the dense preprocess on the (1, H, Tq)
+#   view, one program per 64 rows of all sequences. dK/dV stays one program per key block, so the
+#   ragged backward is as deterministic as the dense one (no atomics).
 # Idea: Dao 2023 (FlashAttention-2), Algorithm 2; the dK/dV + dQ split as in Triton's
 #   fused-attention tutorial and flash-attn's deterministic mode (our own code; plain pointers, no
-#   block pointers).
+#   block pointers). VARLEN: flash-attn's varlen backward (cu_seqlens, a grid sized by
+#   max_seqlen, programs past a sequence's end returning at once).
 # Limits: as the forward (head dim <= 256, fp16/bf16/fp32, bf16 needs sm_80+, any B·H, 64-bit
 #   offsets: a tensor may hold 2^31 elements or more). The dK/dV configs obey configs.hazard's rule.
+#   VARLEN: max_seqlen sizes the grid, so one long sequence among short ones leaves idle programs
+#   (they exit at once); the config tables are the dense ones (the compile report of the VARLEN
+#   kernels: tests/kernels/triton/test_triton_varlen_bwd.py).
 # Run: o = flashlib.attention(q, k, v, backend="triton"); o.backward(do) (kernel=(None, "v2"), the
-#   default); interpreted on a CPU.
-"""FlashAttention-2 backward kernels and their launcher.  Explained in: notebooks/07b_backward_decoding."""
+#   default); interpreted on a CPU. Ragged: flashlib.attention_varlen(q, k, v, cu_q, cu_k, max_q,
+#   max_k, backend="triton") and its backward, or fa2_bwd_v2.backward_varlen(q, k, v, o, lse, do,
+#   cu_q, cu_k, max_q, max_k, causal=True, scale=d ** -0.5).
+"""FlashAttention-2 backward kernels and their launchers (dense and ragged).
+
+Explained in: notebooks/07b_backward_decoding."""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -47,8 +72,9 @@ from .configs import Config, Tables, refusal
 from .fa2_fwd_v1 import grid as fwd_grid, variant_args as fwd_variant_args
 from .spec import KernelSpec, staged_bytes
 
-__all__ = ["backward", "grid_preprocess", "grid_dkdv", "grid_dq", "PREPROCESS_BLOCK_M",
-           "PREPROCESS_SPEC", "DKDV_SPEC", "DQ_SPEC", "DKDV_CONFIGS", "DQ_CONFIGS"]
+__all__ = ["backward", "backward_varlen", "grid_preprocess", "grid_dkdv", "grid_dq",
+           "PREPROCESS_BLOCK_M", "PREPROCESS_SPEC", "DKDV_SPEC", "DQ_SPEC", "DKDV_VARLEN_SPEC",
+           "DQ_VARLEN_SPEC", "DKDV_CONFIGS", "DQ_CONFIGS"]
 
 PREPROCESS_BLOCK_M = 64     # query rows per program of the D preprocess (an elementwise reduction)
 
@@ -104,31 +130,56 @@ def _dropout_counters(seed_lo, seed_hi, drop_lo, drop_hi, bh, NQ, NK,
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES,
+def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn,
               stride_dob, stride_doh, stride_don,
               stride_dkb, stride_dkh, stride_dkn,
               stride_dvb, stride_dvh, stride_dvn,
               qk_scale, scale, H, HKV, GROUP, NQ, NK, D, win_l, win_r,
-              softcap2, drop_p, seed_lo, seed_hi, drop_lo, drop_hi,
+              softcap2, drop_p, seed_lo, seed_hi, drop_lo, drop_hi, TQ, TK,
               CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               UPCAST: tl.constexpr, PRECISION: tl.constexpr,
               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
-              ALIBI: tl.constexpr = False, DROPOUT: tl.constexpr = False):
+              ALIBI: tl.constexpr = False, DROPOUT: tl.constexpr = False,
+              VARLEN: tl.constexpr = False):
     # line 5: this program's key block j, of batch b, kv head hk
     pid_n, pid_bhk = kit.unflatten(tl.program_id(0), tl.cdiv(NK, BLOCK_N))
     hk, b = kit.unflatten(pid_bhk, HKV)
     b, hk = b.to(tl.int64), hk.to(tl.int64)  # offsets in 64 bits (kit: Offsets)
     start_n = pid_n * BLOCK_N
+    h = hk * GROUP    # the group's first query head: its Q, dO, LSE, D
+    if VARLEN:
+        # b is sequence b: query rows q0 .. q0 + nq, keys k0 .. k0 + nk of
+        # the token-major tensors (batch strides unused); NQ, NK are the
+        # max_seqlens that sized the grid, LSE and D (H, TQ)
+        q0, nq = kit.sequence(CU_Q, b, NQ, TQ)
+        k0, nk = kit.sequence(CU_K, b, NK, TK)
+        if start_n >= nk:               # past the sequence's keys: done
+            return
+        q_seq = q0.to(tl.int64)
+        k_seq = k0.to(tl.int64)
+        q_off, do_off = q_seq * stride_qn, q_seq * stride_don
+        k_off, v_off = k_seq * stride_kn, k_seq * stride_vn
+        dk_off, dv_off = k_seq * stride_dkn, k_seq * stride_dvn
+        row0 = h * TQ + q_seq           # the head's row 0 in LSE, D
+        width = TQ                      # one head's rows in LSE, D
+    else:
+        nq = NQ
+        nk = NK
+        q_off, do_off = b * stride_qb, b * stride_dob
+        k_off, v_off = b * stride_kb, b * stride_vb
+        dk_off, dv_off = b * stride_dkb, b * stride_dvb
+        row0 = (b * H + h) * NQ         # LSE, D (B, H, NQ)
+        width = NQ
     offs_n = start_n + tl.arange(0, BLOCK_N)          # (BLOCK_N,) key rows
     keys = offs_n.to(tl.int64)
     offs_m0 = tl.arange(0, BLOCK_M)   # (BLOCK_M,) query offsets in a block
     offs_d = tl.arange(0, BLOCK_D)    # (BLOCK_D,) head dim, padded to 2^k
-    key_ok = offs_n < NK
-    k_rows = K + b * stride_kb + hk * stride_kh + keys * stride_kn
-    v_rows = V + b * stride_vb + hk * stride_vh + keys * stride_vn
+    key_ok = offs_n < nk
+    k_rows = K + k_off + hk * stride_kh + keys * stride_kn
+    v_rows = V + v_off + hk * stride_vh + keys * stride_vn
     # line 6: K_j, V_j (BLOCK_N, BLOCK_D), resident for the whole program
     k = kit.load_tile(row_ptrs=k_rows, row_ok=key_ok, offs_d=offs_d, D=D,
                       UPCAST=UPCAST)
@@ -138,23 +189,29 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES,
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)   # on chip, fp32
     # the query blocks that see key block j: the band's, or the causal ones
     lo, lo_full, hi_full, hi, hi_masked = kit.dkdv_query_range(
-        start_n=start_n, NQ=NQ, NK=NK, win_l=win_l, win_r=win_r,
+        start_n=start_n, NQ=nq, NK=nk, win_l=win_l, win_r=win_r,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, WINDOW=WINDOW)
-    h = hk * GROUP    # the group's first query head: its Q, dO, LSE, D
-    q_base = Q + b * stride_qb + h * stride_qh
-    do_base = DO + b * stride_dob + h * stride_doh
-    lse_base = LSE + (b * H + h) * NQ
-    delta_base = DELTA + (b * H + h) * NQ
+    q_base = Q + q_off + h * stride_qh
+    do_base = DO + do_off + h * stride_doh
+    lse_base = LSE + row0
+    delta_base = DELTA + row0
     # The variants' per-head values, walked with the head as the pointers
     # are (unused, and compiled out, where their constexpr is off).
     slopes_ptr = SLOPES + b * H + h       # ALiBi: the head's slope
-    seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo, drop_hi,
-                                        b * H + h, NQ, NK, DROPOUT)
+    if VARLEN:    # sequence b's counters: offset + b·H·NQ·NK + h·nq·nk
+        seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo,
+                                            drop_hi, b * H, NQ, NK, DROPOUT)
+        if DROPOUT:
+            drop_base += h * nq * nk
+    else:
+        seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo,
+                                            drop_hi, b * H + h, NQ, NK,
+                                            DROPOUT)
     for g in range(0, GROUP):       # GQA: every query head reading kv head hk
         slopes2 = _row_slopes(slopes_ptr, BLOCK_M, ALIBI)
         for start_m in range(lo, hi, BLOCK_M):   # line 8: the query blocks i
             offs_m = start_m + offs_m0        # (BLOCK_M,) query rows
-            row_ok = offs_m < NQ
+            row_ok = offs_m < nq
             m_rows = offs_m.to(tl.int64)
             # line 9: Q_i, dO_i (BLOCK_M, BLOCK_D)
             q = kit.load_tile(row_ptrs=q_base + m_rows * stride_qn,
@@ -167,7 +224,7 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES,
             dk, dv = kit.dkdv_step(
                 dk=dk, dv=dv, q=q, do=do, k=k, v=v, LSE=lse_base,
                 DELTA=delta_base, start_m=start_m, offs_m=offs_m,
-                offs_n=offs_n, hi_masked=hi_masked, NQ=NQ, NK=NK,
+                offs_n=offs_n, hi_masked=hi_masked, NQ=nq, NK=nk,
                 qk_scale=qk_scale, CAUSAL=CAUSAL, PRECISION=PRECISION,
                 lo_full=lo_full, hi_full=hi_full, win_l=win_l, win_r=win_r,
                 softcap2=softcap2, slopes2=slopes2, seed=seed,
@@ -178,16 +235,16 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES,
         # walking 8; triton 3.9 cross-compiled).
         q_base += stride_qh
         do_base += stride_doh
-        lse_base += NQ
-        delta_base += NQ
+        lse_base += width
+        delta_base += width
         if ALIBI:
             slopes_ptr += 1
         if DROPOUT:
-            drop_base += tl.cast(NQ, tl.int64) * NK
+            drop_base += tl.cast(nq, tl.int64) * nk
     dk = dk * scale           # dS = scale * dS: applied once, at the end
     # line 18: write dK_j, dV_j
-    dk_rows = DK + b * stride_dkb + hk * stride_dkh + keys * stride_dkn
-    dv_rows = DV + b * stride_dvb + hk * stride_dvh + keys * stride_dvn
+    dk_rows = DK + dk_off + hk * stride_dkh + keys * stride_dkn
+    dv_rows = DV + dv_off + hk * stride_dvh + keys * stride_dvn
     kit.store_tile(row_ptrs=dk_rows, row_ok=key_ok, offs_d=offs_d, D=D,
                    tile=dk)
     kit.store_tile(row_ptrs=dv_rows, row_ok=key_ok, offs_d=offs_d, D=D,
@@ -195,58 +252,84 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES,
 
 
 @triton.jit
-def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES,
+def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES, CU_Q, CU_K,
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
             stride_vb, stride_vh, stride_vn,
             stride_dob, stride_doh, stride_don,
             stride_dqb, stride_dqh, stride_dqn,
             qk_scale, scale, H, GROUP, NQ, NK, D, win_l, win_r, softcap2,
-            drop_p, seed_lo, seed_hi, drop_lo, drop_hi,
+            drop_p, seed_lo, seed_hi, drop_lo, drop_hi, TQ, TK,
             CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
             UPCAST: tl.constexpr, PRECISION: tl.constexpr,
             WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
-            ALIBI: tl.constexpr = False, DROPOUT: tl.constexpr = False):
+            ALIBI: tl.constexpr = False, DROPOUT: tl.constexpr = False,
+            VARLEN: tl.constexpr = False):
     # dQ_i of this program's query block i, of batch b, head h
     pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))
     h, b = kit.unflatten(pid_bh, H)
     hk = h // GROUP
     # offsets in 64 bits (kit: Offsets)
     b, h, hk = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64)
+    if VARLEN:
+        # b is sequence b (as in _bwd_dkdv): rows q0 .. q0 + nq, keys
+        # k0 .. k0 + nk, LSE and D (H, TQ)
+        q0, nq = kit.sequence(CU_Q, b, NQ, TQ)
+        k0, nk = kit.sequence(CU_K, b, NK, TK)
+        if pid_m * BLOCK_M >= nq:       # past the sequence's rows: done
+            return
+        q_seq = q0.to(tl.int64)
+        k_seq = k0.to(tl.int64)
+        q_off, do_off, dq_off = (q_seq * stride_qn, q_seq * stride_don,
+                                 q_seq * stride_dqn)
+        k_off, v_off = k_seq * stride_kn, k_seq * stride_vn
+        row_base = h * TQ + q_seq       # the head's row 0 in LSE, D
+    else:
+        nq = NQ
+        nk = NK
+        q_off, do_off, dq_off = b * stride_qb, b * stride_dob, b * stride_dqb
+        k_off, v_off = b * stride_kb, b * stride_vb
+        row_base = (b * H + h) * NQ   # the head's row 0 in LSE, D (B, H, NQ)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)   # (BLOCK_M,) query rows
     rows = offs_m.to(tl.int64)
     offs_n0 = tl.arange(0, BLOCK_N)   # (BLOCK_N,) key offsets in a block
     offs_d = tl.arange(0, BLOCK_D)    # (BLOCK_D,) head dim, padded to 2^k
-    row_ok = offs_m < NQ
-    q_rows = Q + b * stride_qb + h * stride_qh + rows * stride_qn
-    do_rows = DO + b * stride_dob + h * stride_doh + rows * stride_don
+    row_ok = offs_m < nq
+    q_rows = Q + q_off + h * stride_qh + rows * stride_qn
+    do_rows = DO + do_off + h * stride_doh + rows * stride_don
     # Q_i, dO_i (BLOCK_M, BLOCK_D), resident for the whole program
     q = kit.load_tile(row_ptrs=q_rows, row_ok=row_ok, offs_d=offs_d, D=D,
                       UPCAST=UPCAST)
     do = kit.load_tile(row_ptrs=do_rows, row_ok=row_ok, offs_d=offs_d, D=D,
                        UPCAST=UPCAST)
-    row_base = (b * H + h) * NQ   # the head's row 0 in LSE, DELTA (B, H, NQ)
     # (BLOCK_M,) L_i in base 2, and D_i
     lse = kit.load_lse2(LSE + row_base + offs_m, row_ok)
     delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)   # dQ_i, on chip, fp32
-    k_base = K + b * stride_kb + hk * stride_kh
-    v_base = V + b * stride_vb + hk * stride_vh
+    k_base = K + k_off + hk * stride_kh
+    v_base = V + v_off + hk * stride_vh
     # The variants (constexprs, off by default: the dense kernel compiles
     # as without them): this head's ALiBi slope and dropout counters.
     slopes2 = _row_slopes(SLOPES + b * H + h, BLOCK_M, ALIBI)
-    seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo, drop_hi,
-                                        b * H + h, NQ, NK, DROPOUT)
+    if VARLEN:    # sequence b's counters: offset + b·H·NQ·NK + h·nq·nk
+        seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo,
+                                            drop_hi, b * H, NQ, NK, DROPOUT)
+        if DROPOUT:
+            drop_base += h * nq * nk
+    else:
+        seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo,
+                                            drop_hi, b * H + h, NQ, NK,
+                                            DROPOUT)
     if WINDOW:
         # the band's key blocks, as the forward's: [lo, hi) seen, those
         # outside [lo_full, hi_full) in part (masked), the rest never loaded
         lo, lo_full, hi_full, hi = kit.band_key_range(
-            start_m=pid_m * BLOCK_M, NQ=NQ, NK=NK, WIN_L=win_l, WIN_R=win_r,
+            start_m=pid_m * BLOCK_M, NQ=nq, NK=nk, WIN_L=win_l, WIN_R=win_r,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     else:
         # the forward's key ranges
         lo_masked, hi = kit.key_range(
-            start_m=pid_m * BLOCK_M, NQ=NQ, NK=NK, BLOCK_M=BLOCK_M,
+            start_m=pid_m * BLOCK_M, NQ=nq, NK=nk, BLOCK_M=BLOCK_M,
             BLOCK_N=BLOCK_N, CAUSAL=CAUSAL)
         lo = 0
     for start_n in range(lo, hi, BLOCK_N):
@@ -254,7 +337,7 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES,
         # K_j, V_j (BLOCK_N, BLOCK_D)
         k, v = kit.load_kv(
             k_base=k_base, v_base=v_base, rows=offs_n, stride_kn=stride_kn,
-            stride_vn=stride_vn, NK=NK, offs_d=offs_d, D=D, STAGE=kit.MASKED,
+            stride_vn=stride_vn, NK=nk, offs_d=offs_d, D=D, STAGE=kit.MASKED,
             UPCAST=UPCAST)
         # S_ij (BLOCK_M, BLOCK_N), in base 2
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
@@ -263,21 +346,21 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES,
             t = s / softcap2          # tanh of the score / softcap
         if ALIBI:
             s = kit.alibi_bias(s=s, qpos=offs_m, offs_n=offs_n,
-                               offset=NK - NQ, slopes2=slopes2)
+                               offset=nk - nq, slopes2=slopes2)
         if WINDOW:
             if (start_n < lo_full) | (start_n >= hi_full):   # the band
-                s = kit.mask_band(s=s, qpos=offs_m, offs_n=offs_n, NK=NK,
-                                  offset=NK - NQ, WIN_L=win_l, WIN_R=win_r)
+                s = kit.mask_band(s=s, qpos=offs_m, offs_n=offs_n, NK=nk,
+                                  offset=nk - nq, WIN_L=win_l, WIN_R=win_r)
         else:
             if start_n >= lo_masked:  # a diagonal or ragged block: kit's mask
                 s = kit.mask_scores(s=s, offs_m=offs_m, offs_n=offs_n,
-                                    NK=NK, offset=NK - NQ, CAUSAL=CAUSAL)
+                                    NK=nk, offset=nk - nq, CAUSAL=CAUSAL)
         p = tl.math.exp2(s - lse[:, None])      # P_ij (BLOCK_M, BLOCK_N)
         if SOFTCAP:       # dS's factor 1 - t^2, folded into P (t dies here)
             p = p * (1.0 - t * t)
         if DROPOUT:       # Z regenerated, never stored: P o Z / (1 - p)
             keep = kit.dropout_keep(seed=seed, base=drop_base, qpos=offs_m,
-                                    offs_n=offs_n, NK=NK, p=drop_p)
+                                    offs_n=offs_n, NK=nk, p=drop_p)
             p_kept = tl.where(keep, p * (1.0 / (1.0 - drop_p)), 0.0)
         # dP_ij = dO_i V_j^T (BLOCK_M, BLOCK_N)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -288,7 +371,7 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES,
         # line 15: dQ_i += dS_ij K_j
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     dq = dq * scale
-    dq_rows = DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn
+    dq_rows = DQ + dq_off + h * stride_dqh + rows * stride_dqn
     kit.store_tile(row_ptrs=dq_rows, row_ok=row_ok, offs_d=offs_d, D=D,
                    tile=dq)
 
@@ -368,6 +451,18 @@ DQ_SPEC = KernelSpec(
     types=dict(LSE="fp32", DELTA="fp32", qk_scale="fp32", scale="fp32", **_VARIANT_TYPES),
     grid=lambda a: grid_dq(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
     config="bwd_dq", tables=DQ_CONFIGS, smem=smem_dq)
+# The ragged (varlen) kernels: the same two with VARLEN=True fixed, cu_seqlens typed int32 (only here:
+# the TMA dK/dV copies DKDV_SPEC's types and has no CU_Q), and grids over the sequences, B = len(cu) - 1,
+# and blocks of max_seqlen (NQ, NK). Same config tables (the tiles are the dense kernels').
+_CU_TYPES = dict(CU_Q="i32", CU_K="i32")
+DKDV_VARLEN_SPEC = dataclasses.replace(
+    DKDV_SPEC, name="fa2_bwd_dkdv_varlen", types={**DKDV_SPEC.types, **_CU_TYPES},
+    grid=lambda a: grid_dkdv(a["CU_K"].shape[0] - 1, a["HKV"], a["NK"], a["BLOCK_N"]),
+    constants=dict(VARLEN=True))
+DQ_VARLEN_SPEC = dataclasses.replace(
+    DQ_SPEC, name="fa2_bwd_dq_varlen", types={**DQ_SPEC.types, **_CU_TYPES},
+    grid=lambda a: grid_dq(a["CU_Q"].shape[0] - 1, a["H"], a["NQ"], a["BLOCK_M"]),
+    constants=dict(VARLEN=True))
 
 
 def _variant_args(nq: int, nk: int, unused, *, causal: bool, window_size=(-1, -1), softcap: float = 0.0,
@@ -410,12 +505,7 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
     """
     B, H, NQ, D = q.shape
     HKV, NK = k.shape[1], k.shape[2]
-    block_d = kit.block_d(D)
-    facts = device_facts(q.device) if block_d > 128 else None   # a GPU (or a rehearsed one)
-    if facts is not None:                   # dK/dV on a T4 with some Tritons: too big (configs.refusal)
-        why = refusal("bwd_dkdv", facts.arch, block_d, str(q.dtype).removeprefix("torch."))
-        if why:
-            raise RuntimeError(why)
+    block_d = _block_d_allowed(q)
     if do.stride(-1) != 1:
         do = do.contiguous()
     delta = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
@@ -427,10 +517,106 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, allow_tf32: boo
     args = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, qk_scale=kit.qk_scale(scale), scale=scale,
                 H=H, GROUP=H // HKV, NQ=NQ, NK=NK, D=D, CAUSAL=causal, BLOCK_D=block_d,
                 PRECISION="tf32" if allow_tf32 else "ieee", **variants)
-    dkdv_spec.launch(config_dkdv, **args, DK=dk, DV=dv, HKV=HKV)
-    DQ_SPEC.launch(config_dq, **args, DQ=dq)
+    # VARLEN's arguments, off: delta stands for cu_seqlens (never read), the totals unused
+    off = dict(CU_Q=delta, CU_K=delta, TQ=0, TK=0)
+    dkdv_spec.launch(config_dkdv, **args, DK=dk, DV=dv, HKV=HKV,
+                     **(off if "CU_Q" in dkdv_spec.runtime_args else {}))
+    DQ_SPEC.launch(config_dq, **args, **off, DQ=dq)
     if sinks is None:
         return dq, dk, dv
     # dsink_h = -sum_{b,i} exp(sink_h - lse_bhi) D_bhi: lse >= sink, so exp <= 1 (no overflow)
     dsinks = -(torch.exp(sinks.to(torch.float32).reshape(1, H, 1) - lse) * delta).sum((0, 2))
+    return dq, dk, dv, dsinks
+
+
+def _block_d_allowed(q) -> int:
+    """The head-dim tile of ``q``'s head dim, after configs.refusal's check
+    where the tile passes 128 (RuntimeError: the dK/dV kernel on a T4 with
+    some Tritons is too big)."""
+    block_d = kit.block_d(q.shape[-1])
+    # a GPU (or a rehearsed one)
+    facts = device_facts(q.device) if block_d > 128 else None
+    if facts is not None:
+        why = refusal("bwd_dkdv", facts.arch, block_d,
+                      str(q.dtype).removeprefix("torch."))
+        if why:
+            raise RuntimeError(why)
+    return block_d
+
+
+def _heads_major(x):
+    """A token-major ``(T, H, d)`` tensor as the kernels' ``(1, H, T, d)``
+    view (no copy): its (batch, head, row) strides are then (unused, head,
+    token)."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
+def backward_varlen(q, k, v, o, lse, do, cu_q, cu_k, max_q: int, max_k: int,
+                    *, causal: bool, scale: float, allow_tf32: bool = False,
+                    config_dkdv: Config | None = None,
+                    config_dq: Config | None = None, window_size=(-1, -1),
+                    softcap: float = 0.0, alibi_slopes=None, sinks=None,
+                    dropout_p: float = 0.0, dropout_seed=None):
+    """The backward of a ragged (varlen) batch: ``(dq, dk, dv)`` shaped like
+    ``q (Tq, H, d)``, ``k, v (Tk, Hkv, d)`` (token-major), and ``dsinks``
+    (H,) float32 as a fourth with ``sinks``.
+
+    Sequence b is query rows ``cu_q[b]:cu_q[b+1]`` and keys
+    ``cu_k[b]:cu_k[b+1]`` (``cu_q``, ``cu_k`` int32 ``(B+1,)`` on q's
+    device, from 0, non-decreasing; empty sequences allowed); ``max_q``,
+    ``max_k`` are host ints at least every length (they size the grids;
+    nothing is read back from the device). ``o``, ``do`` like q, ``lse``
+    float32 ``(H, Tq)``, as the varlen forward saves them. Masks align
+    bottom-right per sequence (offset nk_b - nq_b); rows that see no key
+    get zero gradients; dk, dv are summed over each GQA group,
+    deterministically (no atomics). Rows outside every sequence get 0.
+
+    The kernels are :func:`backward`'s with ``VARLEN`` on
+    (:data:`DKDV_VARLEN_SPEC`, :data:`DQ_VARLEN_SPEC`): program b·H + h of a
+    grid over (sequence, head) x (blocks of max_seqlen) reads sequence b's
+    bounds from cu_seqlens and exits at once past its end; D = rowsum(dO o O)
+    needs no sequence (the dense preprocess on the (1, H, Tq) view). The
+    variants as :func:`backward` takes them, per sequence: ``alibi_slopes``
+    float32 ``(B, H)``; ``sinks`` ``(H,)`` (dsinks summed over every row of
+    every sequence); dropout's counters are those of sequence b's own dense
+    ``(1, H, nq_b, nk_b)`` problem at offset ``offset + b·H·max_q·max_k``.
+
+    Explained in: notebooks/10_serving.
+    Tested in: tests/kernels/triton/test_triton_varlen_bwd.py.
+    """
+    TQ, H, D = q.shape
+    TK, HKV = k.shape[0], k.shape[1]
+    nseq = cu_q.shape[0] - 1
+    block_d = _block_d_allowed(q)
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    lse = lse.to(torch.float32).contiguous()
+    delta = torch.empty((H, TQ), device=q.device, dtype=torch.float32)
+    if TQ:    # D of all rows at once: the dense preprocess of (1, H, Tq)
+        PREPROCESS_SPEC.launch(O=_heads_major(o), DO=_heads_major(do),
+                               DELTA=delta, H=H, NQ=TQ, D=D, BLOCK_D=block_d)
+    # zeros: the kernels write every row a sequence holds, and no other
+    dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+    variants = _variant_args(
+        max_q, max_k, delta, causal=causal, window_size=window_size,
+        softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        dropout_seed=dropout_seed)
+    args = dict(Q=_heads_major(q), K=_heads_major(k), V=_heads_major(v),
+                DO=_heads_major(do), LSE=lse, DELTA=delta, CU_Q=cu_q,
+                CU_K=cu_k, qk_scale=kit.qk_scale(scale), scale=scale, H=H,
+                GROUP=H // HKV, NQ=max_q, NK=max_k, TQ=TQ, TK=TK, D=D,
+                CAUSAL=causal, BLOCK_D=block_d,
+                PRECISION="tf32" if allow_tf32 else "ieee", **variants)
+    # an empty grid is no launch (flat_grid refuses 0 programs)
+    if nseq > 0 and max_k > 0 and TK > 0:
+        DKDV_VARLEN_SPEC.launch(config_dkdv, **args, DK=_heads_major(dk),
+                                DV=_heads_major(dv), HKV=HKV)
+    if nseq > 0 and max_q > 0 and TQ > 0:
+        DQ_VARLEN_SPEC.launch(config_dq, **args, DQ=_heads_major(dq))
+    if sinks is None:
+        return dq, dk, dv
+    # dsink_h = -sum over every row t of exp(sink_h - lse_ht) D_ht
+    # (lse >= sink: exp <= 1)
+    sink = sinks.to(torch.float32).reshape(H, 1)
+    dsinks = -(torch.exp(sink - lse) * delta).sum(1)
     return dq, dk, dv, dsinks

@@ -25,16 +25,32 @@
 #   inner loop (tl.rand on flashlib.ladder.dropout's counters), O scaled by 1 / (1 - p) at the end.
 #   The pointers SLOPES, SINKS and the scalars (variant_args) are passed on every call (lse stands
 #   in for an unused pointer: never read).
+#   Ragged batches (issue 25), one more constexpr, VARLEN (off: the dense kernel as before):
+#   forward_varlen packs B sequences end to end, token-major (q (Tq, H, d), k, v (Tk, Hkv, d),
+#   passed as (1, H, T, d) views: heads_view), with cu_seqlens CU_Q, CU_K (int32, B + 1). The grid
+#   is the dense one over (B·H, ceil(max_q / BLOCK_M)); a program reads its sequence's start and
+#   length from CU_Q, CU_K (no length crosses to the host), exits at once if its query block
+#   starts past the sequence's end, and otherwise runs the dense kernel with NQ, NK = nq_b, nk_b
+#   (masks bottom-right per sequence) from the sequence's first token (start · row stride: no
+#   batch stride; kit.sequence clamps starts and lengths into the totals TQ, TK and the grid);
+#   lse is (H, Tq), head h's row at h · TQ. Every variant composes: ALiBi's slopes (B, H) per
+#   sequence; dropout's counters are sequence b's own dense (1, H, nq_b, nk_b) problem
+#   from offset + b·H·max_q·max_k (unique, as H·nq_b·nk_b <= H·max_q·max_k).
 # Idea: Dao 2023 (FlashAttention-2), Algorithm 1; exp2 trick and loop split as in Triton's
 #   fused-attention tutorial (our own code, plain pointer arithmetic: no block pointers, which
-#   triton 3.9 removed).
+#   triton 3.9 removed). Ragged batches: flash-attn's varlen interface (flash_attn_varlen_func,
+#   cu_seqlens and max_seqlen; its kernels exit past a sequence's end the same way).
 # Limits: head dim <= 256 (the tile is padded to the next power of two >= 16, loads are masked);
 #   fp16, bf16, fp32 (fp32 in true fp32 unless allow_tf32); bf16 needs sm_80+. Any B·H (flat grid,
 #   up to 2^31 - 1 programs); offsets are 64-bit (kit's "Offsets"), so a tensor may hold 2^31
 #   elements or more; Nq and Nk each < 2^31. Variants: dropout's kernels spill a little at the
 #   largest sm_80/sm_90 config (48-64 bytes; compile report of the variant kernels, triton 3.9).
-# Run: flashlib.attention(q, k, v, backend="triton") (kernel="v1", the default); on a CPU it runs in
-#   Triton's interpreter.
+#   Varlen: the grid is sized by max_q, so a batch of one long and many short sequences launches
+#   programs that exit at once (cheap, not free); Tq, Tk < 2^31; max_q, max_k must be at least
+#   every length (nothing in the kernel checks: a shorter max_q leaves rows unwritten).
+# Run: flashlib.attention(q, k, v, backend="triton") (kernel="v1", the default);
+#   flashlib.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, backend="triton") for packed
+#   sequences; on a CPU both run in Triton's interpreter.
 """FlashAttention-2 forward kernel and its launcher.  Explained in: notebooks/07_triton."""
 from __future__ import annotations
 
@@ -44,22 +60,22 @@ from . import flat_grid, kit, triton, tl
 from .configs import Config, Tables
 from .spec import KernelSpec, staged_bytes
 
-__all__ = ["forward", "variant_args", "grid", "SPEC", "CONFIGS"]
+__all__ = ["forward", "forward_varlen", "variant_args", "grid", "SPEC", "CONFIGS"]
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, LSE, SLOPES, SINKS,
+def _fwd_kernel(Q, K, V, O, LSE, SLOPES, SINKS, CU_Q, CU_K,
                 stride_qb, stride_qh, stride_qn, stride_kb, stride_kh,
                 stride_kn, stride_vb, stride_vh, stride_vn,
                 stride_ob, stride_oh, stride_on,
                 qk_scale, H, GROUP, NQ, NK, D, win_l, win_r, softcap2,
-                drop_p, seed_lo, seed_hi, drop_lo, drop_hi,
+                drop_p, seed_lo, seed_hi, drop_lo, drop_hi, TQ, TK,
                 CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                 UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                 WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
                 ALIBI: tl.constexpr = False, SINK: tl.constexpr = False,
-                DROPOUT: tl.constexpr = False):
+                DROPOUT: tl.constexpr = False, VARLEN: tl.constexpr = False):
     # line 3: this program's query block i, of batch b, head h
     pid_m, pid_bh = kit.unflatten(tl.program_id(0), tl.cdiv(NQ, BLOCK_M))
     h, b = kit.unflatten(pid_bh, H)
@@ -69,8 +85,24 @@ def _fwd_kernel(Q, K, V, O, LSE, SLOPES, SINKS,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)   # (BLOCK_M,) query rows
     rows = offs_m.to(tl.int64)        # rows x stride can pass 2^31: 64 bits
     offs_d = tl.arange(0, BLOCK_D)    # (BLOCK_D,) head dim, padded to 2^k
+    if VARLEN:
+        # Ragged: sequence b is the packed tokens [cu[b], cu[b+1]) of q and
+        # of k, v, token-major (no batch stride: its first token's row is
+        # its base). NQ, NK, the longest lengths, sized the grid; they
+        # become b's own (kit.sequence clamps start and length into the
+        # tensors and the grid: a bad cu_seqlens on a GPU, unchecked, reads
+        # nothing out of bounds), and a query block past b's end exits.
+        max_nq, max_nk = NQ, NK
+        q_start, NQ = kit.sequence(CU_Q, b, NQ, TQ)
+        k_start, NK = kit.sequence(CU_K, b, NK, TK)
+        if pid_m * BLOCK_M >= NQ:
+            return
+        q_start, k_start = q_start.to(tl.int64), k_start.to(tl.int64)
     row_ok = offs_m < NQ
-    q_rows = Q + b * stride_qb + h * stride_qh + rows * stride_qn
+    if VARLEN:
+        q_rows = Q + q_start * stride_qn + h * stride_qh + rows * stride_qn
+    else:
+        q_rows = Q + b * stride_qb + h * stride_qh + rows * stride_qn
     # line 4: Q_i (BLOCK_M, BLOCK_D)
     q = kit.load_tile(row_ptrs=q_rows, row_ok=row_ok, offs_d=offs_d, D=D,
                       UPCAST=UPCAST)
@@ -78,8 +110,12 @@ def _fwd_kernel(Q, K, V, O, LSE, SLOPES, SINKS,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    k_base = K + b * stride_kb + hk * stride_kh
-    v_base = V + b * stride_vb + hk * stride_vh
+    if VARLEN:
+        k_base = K + k_start * stride_kn + hk * stride_kh
+        v_base = V + k_start * stride_vn + hk * stride_vh
+    else:
+        k_base = K + b * stride_kb + hk * stride_kh
+        v_base = V + b * stride_vb + hk * stride_vh
     # The variants (constexprs, each off by default: the dense kernel is
     # compiled as without them). ALiBi: this head's slope, base 2, per row.
     if ALIBI:
@@ -89,7 +125,11 @@ def _fwd_kernel(Q, K, V, O, LSE, SLOPES, SINKS,
         slopes2 = 0.0
     if DROPOUT:     # counters offset + ((b·H + h)·Nq + i)·Nk + j, 64-bit
         seed = kit.join64(seed_lo, seed_hi)
-        drop_base = kit.join64(drop_lo, drop_hi) + (b * H + h) * NQ * NK
+        if VARLEN:  # b's own (1, H, Nq, Nk) problem, from b·H·max_nq·max_nk
+            drop_base = kit.join64(drop_lo, drop_hi) + \
+                b * H * max_nq * max_nk + h * NQ * NK
+        else:
+            drop_base = kit.join64(drop_lo, drop_hi) + (b * H + h) * NQ * NK
     else:
         seed = 0
         drop_base = 0
@@ -131,9 +171,16 @@ def _fwd_kernel(Q, K, V, O, LSE, SLOPES, SINKS,
         o, lse = kit.add_sink(o, lse, tl.full([BLOCK_M], 0.0, tl.float32)
                               + tl.load(SINKS + h))
     # lines 14-15: write O_i and L_i
-    o_rows = O + b * stride_ob + h * stride_oh + rows * stride_on
+    if VARLEN:
+        o_rows = O + q_start * stride_on + h * stride_oh + rows * stride_on
+    else:
+        o_rows = O + b * stride_ob + h * stride_oh + rows * stride_on
     kit.store_tile(row_ptrs=o_rows, row_ok=row_ok, offs_d=offs_d, D=D, tile=o)
-    tl.store(LSE + (b * H + h) * NQ + offs_m, lse, mask=row_ok)
+    if VARLEN:                        # lse (H, TQ): head h's row, b's part
+        lse_rows = LSE + h * TQ + q_start + offs_m
+    else:
+        lse_rows = LSE + (b * H + h) * NQ + offs_m
+    tl.store(lse_rows, lse, mask=row_ok)
 
 
 def grid(B: int, H: int, NQ: int, block_m: int) -> tuple[int]:
@@ -161,10 +208,19 @@ CONFIGS = Tables(
           Config(32, 32, 4, 1)),
     sm75=(Config(32, 16, 8, 1),), fp32=(Config(32, 16, 8, 1),), sm75_fp32=(Config(32, 16, 8, 1),),
     interpreter=Config(32, 16))
-SPEC = KernelSpec("fa2_fwd", _fwd_kernel, types=dict(LSE="fp32", SLOPES="fp32", SINKS="fp32", qk_scale="fp32",
-                                                     softcap2="fp32", drop_p="fp32"),
-                  grid=lambda a: grid(a["Q"].shape[0], a["H"], a["NQ"], a["BLOCK_M"]),
-                  config="fwd", tables=CONFIGS, smem=smem_estimate)
+
+
+def _spec_grid(a: dict) -> tuple[int]:
+    """SPEC's grid from the launch's arguments: B is q's batch, or the number of packed sequences
+    (len(cu_q) - 1) where VARLEN, NQ the longest query length (a kernel without VARLEN: dense)."""
+    batch = a["CU_Q"].shape[0] - 1 if a.get("VARLEN") else a["Q"].shape[0]
+    return grid(batch, a["H"], a["NQ"], a["BLOCK_M"])
+
+
+SPEC = KernelSpec("fa2_fwd", _fwd_kernel, types=dict(LSE="fp32", SLOPES="fp32", SINKS="fp32", CU_Q="i32",
+                                                     CU_K="i32", qk_scale="fp32", softcap2="fp32",
+                                                     drop_p="fp32"),
+                  grid=_spec_grid, config="fwd", tables=CONFIGS, smem=smem_estimate)
 
 
 # The variant arguments of a dense call: every flag off (their defaults), the scalars unused.
@@ -245,8 +301,68 @@ def forward(q, k, v, *, causal: bool, scale: float, allow_tf32: bool = False,
     lse = torch.empty((B, H, NQ), device=q.device, dtype=torch.float32)
     # the variants' kernel arguments (none used: the dense kernel)
     extra = variant_args(NQ, NK, lse, causal=causal, spec=spec, **variants)
+    # not packed: lse stands in for cu_q, cu_k (never read)
+    if "CU_Q" in spec.pointers:
+        extra.update(CU_Q=lse, CU_K=lse, TQ=0, TK=0)
     spec.launch(config, Q=q, K=k, V=v, O=o, LSE=lse,
                 qk_scale=kit.qk_scale(scale), H=H, GROUP=H // HKV, NQ=NQ,
                 NK=NK, D=D, CAUSAL=causal, BLOCK_D=kit.block_d(D),
                 PRECISION="tf32" if allow_tf32 else "ieee", **extra)
+    return o, lse
+
+
+def heads_view(x):
+    """The token-major ``x (T, H, d)`` as the kernels' ``(1, H, T, d)`` view
+    (no copy): its (batch, head, row) strides are then (unused, x's head
+    stride, x's token stride).
+
+    Explained in: notebooks/10_serving.
+    Tested in: tests/kernels/triton/test_triton_varlen_fwd.py.
+    """
+    return x.unsqueeze(0).transpose(1, 2)
+
+
+def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, *,
+                   causal: bool, scale: float, allow_tf32: bool = False,
+                   config: Config | None = None, **variants):
+    """Launch the forward kernel on a ragged (packed) batch: ``(o, lse)`` for
+    ``q (Tq, H, d)``, ``k, v (Tk, Hkv, d)`` token-major, sequence b being
+    rows ``cu_q[b]:cu_q[b+1]`` of q and ``cu_k[b]:cu_k[b+1]`` of k and v.
+
+    ``cu_q``, ``cu_k``: int32 ``(B+1,)`` from 0, non-decreasing, contiguous
+    on q's device; ``max_q``, ``max_k``: host ints at least every length
+    (they size the grid: B·H·ceil(max_q / BLOCK_M) programs, those past
+    their sequence's end exit at once; no length is read back to the host).
+    Inputs are validated by :func:`flashlib.attention_varlen`; the last dim
+    must be contiguous, other strides are passed to the kernel (a
+    token-major view of a ``(B, N, H, d)`` buffer needs no copy). Masks
+    align bottom-right per sequence (offset nk_b - nq_b); an empty sequence
+    is allowed (nq_b = 0: nothing; nk_b = 0: its rows get o = 0 and
+    lse = -inf, or the sink). Returns ``o (Tq, H, d)`` contiguous in q's
+    dtype and ``lse (H, Tq)`` float32, natural log. ``config``: as
+    :func:`forward`'s.
+
+    ``variants``: :func:`forward`'s, per sequence: ``alibi_slopes`` float32
+    ``(B, H)``, ``sinks`` ``(H,)``, ``window_size``, ``softcap``,
+    ``dropout_p`` with ``dropout_seed=(seed, offset)``, sequence b using
+    the dense counters of its own ``(1, H, nq_b, nk_b)`` problem from
+    ``offset + b·H·max_q·max_k``.
+
+    Explained in: notebooks/10_serving.
+    Tested in: tests/kernels/triton/test_triton_varlen_fwd.py.
+    """
+    TQ, H, D = q.shape
+    HKV = k.shape[1]
+    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    lse = torch.empty((H, TQ), device=q.device, dtype=torch.float32)
+    if TQ == 0 or max_q == 0:         # no query row anywhere: no program
+        return o, lse
+    # the variants' arguments, their band clamped at the longest lengths
+    extra = variant_args(max_q, max_k, lse, causal=causal, **variants)
+    SPEC.launch(config, Q=heads_view(q), K=heads_view(k), V=heads_view(v),
+                O=heads_view(o), LSE=lse, CU_Q=cu_q, CU_K=cu_k, TQ=TQ, TK=k.shape[0],
+                qk_scale=kit.qk_scale(scale), H=H, GROUP=H // HKV, NQ=max_q,
+                NK=max_k, D=D, CAUSAL=causal, BLOCK_D=kit.block_d(D),
+                PRECISION="tf32" if allow_tf32 else "ieee", VARLEN=True,
+                **extra)
     return o, lse

@@ -65,12 +65,18 @@
 #     - dropout_keep: dropout's keep mask from tl.rand on 64-bit counters
 #       (flashlib.ladder.dropout's definition), applied to P before P V only (l keeps the
 #       undropped P); seed and offset cross as two int32 words each (split32 / join64).
+#   * Paged caches (issue 25; notebooks/10_serving), a constexpr PAGED of load_kv and attend that
+#     defaults to off (the dense kernels compile as before): page_slots maps logical key rows to
+#     (page, slot) through the sequence's row of a block table — one pointer per key row, a
+#     gather, so a key block may span pages and any page size works; table entries of rows past
+#     NK are not read, page indices are clamped into the cache.
 # Idea: Triton's fused-attention tutorial (its _attn_fwd_inner with a STAGE argument, exp2 with the
 #   scale folded into log2 e; off_z.to(tl.int64) * stride_qz for the head's base); our own code,
 #   plain pointer arithmetic (no block pointers). The variants: flash-attn's semantics.
 # Limits: helpers take constexpr flags where the kernels differ (CAUSAL, UPCAST, STAGE, and the
-#   variants' WINDOW, SOFTCAP, ALIBI, DROPOUT), so each kernel compiles only the branch it uses. A helper with four arguments or more is called with
-#   keywords, so that a change of its signature fails loudly instead of shifting arguments.
+#   variants' WINDOW, SOFTCAP, ALIBI, DROPOUT, and PAGED), so each kernel compiles only the branch
+#   it uses. A helper with four arguments or more is called with keywords, so that a change of its
+#   signature fails loudly instead of shifting arguments.
 # Run: the kernels call these; flashlib.show(kit.attend) displays one.
 """The shared @triton.jit helpers and named constants of flashlib's Triton kernels.
 
@@ -86,7 +92,7 @@ __all__ = ["LOG2E", "LN2", "FULL", "MASKED", "qk_scale", "ceil_div", "block_d", 
            "mask_causal", "mask_scores", "hide_nan_values", "attend", "finish", "dkdv_step", "desc_2d",
            "band", "split32", "band_keys", "band_key_range", "band_query_range", "band_visible",
            "mask_band", "hide_nan_values_band", "tanh", "softcap_scores", "alibi_bias", "score_mods",
-           "join64", "dropout_keep", "add_sink", "logaddexp"]
+           "join64", "dropout_keep", "add_sink", "logaddexp", "page_slots", "sequence"]
 
 # tl.constexpr: Triton reads a global inside a kernel only if it is one (``LOG2E.value`` in Python).
 LOG2E = tl.constexpr(math.log2(math.e))   # exp(x) = exp2(x * LOG2E): exp2 is the GPU's native exponential
@@ -325,6 +331,21 @@ def dkdv_query_range(start_n, NQ, NK, win_l, win_r, BLOCK_M: tl.constexpr,
             CAUSAL=CAUSAL)
         lo_full, hi_full, hi = 0, 0, NQ
     return lo, lo_full, hi_full, hi, hi_masked
+
+
+@triton.jit
+def sequence(CU, b, N, T):
+    """Ragged batches: ``(start, n)`` of sequence ``b``, rows ``CU[b]`` ..
+    ``CU[b+1]`` of cu_seqlens ``CU``, clamped so that a bad CU on a GPU
+    (never read back to check) reads nothing out of bounds: start in
+    [0, T] (T: the total rows), n in [0, min(N, T - start)] (N: the
+    max_seqlen that sized the grid).
+
+    Explained in: notebooks/10_serving."""
+    start = tl.minimum(tl.maximum(tl.load(CU + b), 0), T)
+    n = tl.minimum(tl.maximum(tl.load(CU + b + 1) - start, 0),
+                   tl.minimum(N, T - start))
+    return start, n
 
 
 @triton.jit
@@ -625,15 +646,44 @@ def finish(acc, l_i, m_i):
 
 
 @triton.jit
+def page_slots(table, rows, row_ok, page_size, num_pages):
+    """``(page, slot)`` int64 of logical key rows ``rows`` in a paged cache:
+    row t lives in page ``table[t // page_size]`` (``table``: the sequence's
+    row of the block table, contiguous), at slot ``t % page_size``. Only the
+    entries of rows where ``row_ok`` are read (a table entry past the
+    sequence's length may be garbage: page 0 is returned, never loaded by
+    the caller); a page index is clamped into [0, num_pages - 1], so a bad
+    table reads inside the cache (no host check on a GPU).
+
+    Explained in: notebooks/10_serving."""
+    page = tl.load(table + rows // page_size, mask=row_ok, other=0)
+    page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+    return page, (rows % page_size).to(tl.int64)
+
+
+@triton.jit
 def load_kv(k_base, v_base, rows, stride_kn, stride_vn, NK, offs_d, D,
-            STAGE: tl.constexpr, UPCAST: tl.constexpr):
+            STAGE: tl.constexpr, UPCAST: tl.constexpr, table=None,
+            page_size=1, num_pages=1, stride_kp=0, stride_vp=0,
+            PAGED: tl.constexpr = False):
     """K_j and V_j (BLOCK_N, BLOCK_D) for key rows ``rows``: bounds-checked
     in the MASKED stage only (a FULL block lies inside [0, NK)).
 
+    PAGED (off by default: off, it compiles to nothing): ``rows`` are
+    logical keys of a paged cache, gathered row by row (:func:`page_slots`:
+    one page per row from ``table``, the sequence's row of the block table)
+    at ``page · stride_kp + slot · stride_kn`` from ``k_base`` (likewise V).
+
     Explained in: notebooks/07_triton."""
-    offs = rows.to(tl.int64)      # rows x row stride can pass 2^31: 64 bits
-    k_rows = k_base + offs * stride_kn
-    v_rows = v_base + offs * stride_vn
+    if PAGED:         # a gather: one pointer per key row, any page size
+        page, slot = page_slots(table=table, rows=rows, row_ok=rows < NK,
+                                page_size=page_size, num_pages=num_pages)
+        k_rows = k_base + page * stride_kp + slot * stride_kn
+        v_rows = v_base + page * stride_vp + slot * stride_vn
+    else:
+        offs = rows.to(tl.int64)  # rows x row stride can pass 2^31: 64 bits
+        k_rows = k_base + offs * stride_kn
+        v_rows = v_base + offs * stride_vn
     if STAGE == MASKED:
         k = load_tile(row_ptrs=k_rows, row_ok=rows < NK, offs_d=offs_d, D=D,
                       UPCAST=UPCAST)
@@ -655,7 +705,9 @@ def attend(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
            softcap2=1.0, slopes2=0.0, seed=0, drop_base=0, drop_p=0.0,
            skip_lo=0, skip_hi=0,
            WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
-           ALIBI: tl.constexpr = False, DROPOUT: tl.constexpr = False):
+           ALIBI: tl.constexpr = False, DROPOUT: tl.constexpr = False,
+           table=None, page_size=1, num_pages=1, stride_kp=0, stride_vp=0,
+           PAGED: tl.constexpr = False):
     """Algorithm 1, lines 6-10, for the key blocks starting in [lo, hi):
     load K_j, V_j, S = Q K_j^T, one online-softmax step. STAGE FULL: blocks
     every row sees entirely — no mask at all; MASKED: diagonal and ragged
@@ -672,6 +724,9 @@ def attend(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
     with row width NK, ``seed``, ``drop_p``) multiplies V. WINDOW's MASKED
     stage skips the full blocks [skip_lo, skip_hi) (multiples of BLOCK_N;
     :func:`band_key_range`'s lo_full, hi_full): one loop for both edges.
+    PAGED: the keys are logical rows of a paged cache, gathered through
+    ``table`` (:func:`load_kv`; ``page_size``, ``num_pages``, the page
+    strides ``stride_kp``, ``stride_vp``).
 
     Explained in: notebooks/07_triton."""
     offs_n = tl.arange(0, BLOCK_N)          # (BLOCK_N,) key offsets in a block
@@ -688,7 +743,9 @@ def attend(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
         k, v = load_kv(                                           # line 7
             k_base=k_base, v_base=v_base, rows=rows, stride_kn=stride_kn,
             stride_vn=stride_vn, NK=NK, offs_d=offs_d, D=D, STAGE=STAGE,
-            UPCAST=UPCAST)
+            UPCAST=UPCAST, table=table, page_size=page_size,
+            num_pages=num_pages, stride_kp=stride_kp, stride_vp=stride_vp,
+            PAGED=PAGED)
         # line 8: S_ij, in base 2
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         s = score_mods(s=s, qpos=offs_m, offs_n=rows, offset=offset,

@@ -32,8 +32,10 @@ from flashlib.kernels.triton.spec import KernelSpec
 # only goes under. With one launch path (KernelSpec.launch owns candidates, fallback and the TMA scratch;
 # no closures) the same calls take forward 30, backward 45, TMA forward 33 (44 before: its own launcher
 # wrapped version 1's in two closures and a context copy). The attention variants (issue 24) add one
-# call to each launch, the variants' kernel arguments (fa2_fwd_v1.variant_args): forward 31.
-BUDGET = {"forward": 31, "backward": 47, "tma forward": 37}
+# call to each launch, the variants' kernel arguments (fa2_fwd_v1.variant_args): forward 31. Ragged
+# batches (issue 25) add one call to the backward, the head-dim check it now shares with backward_varlen
+# (fa2_bwd_v2._block_d_allowed), and its dK/dV grid reads the VARLEN switch: backward 48.
+BUDGET = {"forward": 31, "backward": 49, "tma forward": 37}
 
 # Work that belongs to a first call only: none of it may run on a warm one (_handle_fromlist: a
 # `from ... import` inside a function).
@@ -137,14 +139,14 @@ def test_the_launch_passes_what_the_kernel_takes(monkeypatch):
     q = torch.zeros(2, 5, 3, 16, device=DEVICE).transpose(1, 2)    # (2, 3, 5, 16), strides (240, 16, 48, 1)
     k = torch.zeros(2, 1, 7, 16, device=DEVICE)
     cfg = configs.Config(32, 16, 2, 1)
-    fa2_fwd_v1.SPEC.launch(cfg, Q=q, K=k, V=k, O=q, LSE=q, SLOPES=q, SINKS=q, **fa2_fwd_v1._DENSE, qk_scale=0.5, H=3, GROUP=3, NQ=5, NK=7, D=16,
+    fa2_fwd_v1.SPEC.launch(cfg, Q=q, K=k, V=k, O=q, LSE=q, SLOPES=q, SINKS=q, CU_Q=q, CU_K=q, TQ=0, TK=0, **fa2_fwd_v1._DENSE, qk_scale=0.5, H=3, GROUP=3, NQ=5, NK=7, D=16,
                         CAUSAL=True, BLOCK_D=16, UPCAST=False, PRECISION="ieee")
     assert (seen["stride_qb"], seen["stride_qh"], seen["stride_qn"]) == (240, 16, 48)
     assert (seen["stride_kb"], seen["stride_kh"], seen["stride_kn"]) == (112, 112, 16)
     assert seen["Q"] is q and seen["LSE"] is q and (seen["qk_scale"], seen["D"]) == (0.5, 16)
     assert (seen["BLOCK_M"], seen["BLOCK_N"], seen["num_warps"], seen["num_stages"]) == (32, 16, 2, 1)
     assert seen["grid"] == fa2_fwd_v1.grid(2, 3, 5, 32) and seen["CAUSAL"] is True
-    fa2_fwd_v1.SPEC.launch(cfg, Q=q, K=k, V=k, O=q, LSE=q, SLOPES=q, SINKS=q, **fa2_fwd_v1._DENSE, qk_scale=0.5, H=3, GROUP=3, NQ=5, NK=7, D=16,
+    fa2_fwd_v1.SPEC.launch(cfg, Q=q, K=k, V=k, O=q, LSE=q, SLOPES=q, SINKS=q, CU_Q=q, CU_K=q, TQ=0, TK=0, **fa2_fwd_v1._DENSE, qk_scale=0.5, H=3, GROUP=3, NQ=5, NK=7, D=16,
                         CAUSAL=True, BLOCK_D=16, UPCAST=False, PRECISION="ieee", BLOCK_M=64)
     assert (seen["BLOCK_M"], seen["BLOCK_N"]) == (64, 16) and seen["grid"] == fa2_fwd_v1.grid(2, 3, 5, 64)
 

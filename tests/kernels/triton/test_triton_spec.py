@@ -88,7 +88,7 @@ def test_launch_names_missing_and_unknown_arguments():
     q = torch.zeros(1, 1, 4, 16, device=DEVICE)
     with pytest.raises(TypeError, match=r"missing arguments \['DELTA'\], unknown arguments \['DELTAS'\]"):
         fa2_bwd_v2.PREPROCESS_SPEC.launch(O=q, DO=q, DELTAS=q, H=1, NQ=4, D=16, BLOCK_D=16)
-    with pytest.raises(TypeError, match=r"missing arguments \['K', 'V', 'O', 'LSE', 'SLOPES', 'SINKS', 'qk_scale'"):
+    with pytest.raises(TypeError, match=r"missing arguments \['K', 'V', 'O', 'LSE', 'SLOPES', 'SINKS', 'CU_Q', 'CU_K', 'qk_scale'"):
         fa2_fwd_v1.SPEC.launch(Q=q)
     with pytest.raises(TypeError, match=r"unknown arguments \['WARP_SPECIALIZE'\]"):
         fa2_fwd_v4_tma.SPEC.launch(WARP_SPECIALIZE=True)   # a constant of the spec is not the caller's
