@@ -12,8 +12,8 @@ The map (each folder one layer; ``python -m flashlib`` is the command line):
 * :mod:`flashlib.kernels` — real kernels: ``kernels.triton`` (chapter 7) and ``kernels.cuda``
   (CUDA C++ sources, their CPU emulator and launcher; chapter 8);
 * :mod:`flashlib.tools` — the compile report, benchmarks, the self-check, timing and the tool chain;
-* :mod:`flashlib.parallel` — beyond one GPU: ring attention and its process launcher (chapter 11);
-* :mod:`flashlib.auto` (route torch SDPA to flashlib), :mod:`flashlib.models` (chapter 10),
+* :mod:`flashlib.parallel` — beyond one GPU: ring attention and its process launcher (chapter 12);
+* :mod:`flashlib.auto` (route torch SDPA to flashlib), :mod:`flashlib.models` (chapter 11),
   :mod:`flashlib.hardware` (GPU facts), :mod:`flashlib.testing` (the float64 oracle and the checkers;
   ``testing.ring``, the ring attention harness).
 
@@ -68,12 +68,13 @@ from . import hardware, testing
 from .ladder import decoding, fa1, fa2, iomodel, memeff, naive, softmax
 from .display import show
 from .ladder.iomodel import IOCounter
-from .api import attention, attention_qkvpacked, decode, default_num_splits, dropout_mask
+from .api import append_kv, attention, attention_qkvpacked, attention_varlen, decode, default_num_splits, dropout_mask
+from .states import merge_states, merge_states_many
 
 for _m in (decoding, fa1, fa2, iomodel, memeff, naive, softmax):    # import flashlib.fa2 works too
     _sys.modules.setdefault(f"{__name__}.{_m.__name__.rsplit('.', 1)[1]}", _m)
 
 __version__ = "0.1.0"
 __all__ = ["naive", "softmax", "memeff", "fa1", "fa2", "decoding", "iomodel", "testing", "hardware",
-           "IOCounter", "show", "attention", "attention_qkvpacked", "decode", "default_num_splits",
-           "dropout_mask"]
+           "IOCounter", "show", "attention", "attention_qkvpacked", "attention_varlen", "decode",
+           "append_kv", "merge_states", "merge_states_many", "default_num_splits", "dropout_mask"]

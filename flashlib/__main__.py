@@ -188,7 +188,8 @@ COMMANDS = {
     "check": ("run every available backend against the float64 oracle on this device: pass/fail table",
               _add_check_arguments, _run_check),
     "bench": ("time the Triton kernels vs each torch SDPA backend and naive attention (GPU; --save FILE.json "
-              "keeps every measurement; on CPU: compile report)",
+              "keeps every measurement; --serving: varlen vs padded SDPA, paged vs dense decode, cascade "
+              "vs plain decode; on CPU: compile report)",
               _add_bench_arguments, _run_bench),
     "compile-report": ("compile every kernel for sm_75..sm_90 and print registers/spills/smem/tensor cores",
                        _add_report_arguments, _run_report),

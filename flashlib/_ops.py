@@ -33,7 +33,8 @@ from .backends import BACKENDS
 if "triton" not in sys.modules and importlib.util.find_spec("triton") is not None:
     from .kernels import triton as _flashlib_triton  # noqa: F401
 
-__all__ = ["attention_op", "decode_op", "Attention", "forward_impl", "decode_impl", "kernel_kw", "variant_kw", "path"]
+__all__ = ["attention_op", "decode_op", "varlen_op", "append_op", "Attention", "Varlen", "forward_impl",
+           "decode_impl", "varlen_impl", "append_impl", "kernel_kw", "variant_kw", "path"]
 
 
 def _nothing_to_compute(q) -> bool:
@@ -104,14 +105,17 @@ def _no_dsinks(q):
     return q.new_zeros((0,), dtype=torch.float32)
 
 
-def decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel, *variants):
+def decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel, *variants,
+                block_table=None):
     """The decode of the op: ``(o, lse)``, contiguous, from the backend; empty or meta inputs answered
-    without one. ``variants``: window_size, softcap, alibi_slopes, sinks."""
+    without one. ``variants``: window_size, softcap, alibi_slopes, sinks; ``block_table`` (paged
+    caches) is passed to the backend only when given."""
     variants = variants or NO_VARIANTS[:4]
     if _nothing_to_compute(q):
         return _fake_outputs(q)
+    paged = {} if block_table is None else {"block_table": block_table}
     o, lse = BACKENDS[backend].decode(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits,
-                                      scale=scale, **kernel_kw(kernel), **variant_kw(*variants))
+                                      scale=scale, **kernel_kw(kernel), **variant_kw(*variants), **paged)
     return o.contiguous(), lse.contiguous()
 
 
@@ -209,11 +213,14 @@ if hasattr(torch.library, "custom_op"):
                          kernel_fwd, kernel_bwd, window_size, softcap, alibi_slopes, sinks, dropout_p,
                          dropout_seed)
 
-    @attention_bwd.register_fake
-    def _(q, k, v, o, lse, do, *args):
+    def _fake_grads(q, k, v, o, lse, do, *args):
+        """The backward ops' fake: dq, dk, dv like q, k, v, and dsinks (empty without sinks, at index
+        11 of the arguments after do, for attention's and varlen's alike)."""
         sinks = args[11] if len(args) > 11 else None
         dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else sinks.new_empty(sinks.shape)
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+
+    attention_bwd.register_fake(_fake_grads)
 
     def _backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
@@ -226,20 +233,152 @@ if hasattr(torch.library, "custom_op"):
     @torch.library.custom_op("flashlib::decode", mutates_args=(), schema=(
         "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, int num_splits, float scale,"
         " str backend, str? kernel, int[] window_size=[-1, -1], float softcap=0.0, Tensor? alibi_slopes=None,"
-        " Tensor? sinks=None)"
+        " Tensor? sinks=None, Tensor? block_table=None)"
         " -> (Tensor o, Tensor lse)"))
     def decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel, window_size=(-1, -1),
-                  softcap=0.0, alibi_slopes=None, sinks=None):
+                  softcap=0.0, alibi_slopes=None, sinks=None, block_table=None):
         return decode_impl(q, k_cache, v_cache, cache_seqlens, num_splits, scale, backend, kernel,
-                           window_size, softcap, alibi_slopes, sinks)
+                           window_size, softcap, alibi_slopes, sinks, block_table=block_table)
 
     @decode_op.register_fake
     def _(q, *args):
         return _fake_outputs(q)
 
+    # Ragged batches (chapter 10): the forward and backward of attention_varlen, as attention's.
+    @torch.library.custom_op("flashlib::varlen_fwd", mutates_args=(), schema=(
+        "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q,"
+        " int max_seqlen_k, bool causal, float scale, bool allow_tf32, str backend, "
+        + _VARIANT_SCHEMA + ") -> (Tensor, Tensor)"))
+    def varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, allow_tf32, backend,
+                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
+                   dropout_seed=(0, 0)):
+        return varlen_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, allow_tf32, backend,
+                           window_size, softcap, alibi_slopes, sinks, dropout_p, dropout_seed)
+
+    @varlen_fwd.register_fake
+    def _(q, k, v, *args):
+        return _fake_varlen_outputs(q)
+
+    @torch.library.custom_op("flashlib::varlen_bwd", mutates_args=(), schema=(
+        "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, Tensor cu_seqlens_q,"
+        " Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, float scale,"
+        " bool allow_tf32, str backend, " + _VARIANT_SCHEMA + ") -> (Tensor, Tensor, Tensor, Tensor)"))
+    def varlen_bwd(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k, causal, scale, allow_tf32, backend,
+                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
+                   dropout_seed=(0, 0)):
+        return _varlen_bwd_impl(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k, causal, scale, allow_tf32,
+                                backend, window_size, softcap, alibi_slopes, sinks, dropout_p, dropout_seed)
+
+    varlen_bwd.register_fake(_fake_grads)
+
+    def _varlen_backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        return _grads(ctx, *varlen_bwd(q, k, v, o, lse, do.contiguous(), *ctx.args))
+
+    varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_context)
+    varlen_op = varlen_fwd
+
+    # Decode's append writes the new tokens into the caller's caches: an op that mutates them.
+    @torch.library.custom_op("flashlib::append_kv", mutates_args=("k_cache", "v_cache"), schema=(
+        "(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor cache_seqlens,"
+        " Tensor? block_table) -> ()"))
+    def append_op(k_cache, v_cache, k, v, cache_seqlens, block_table=None):
+        append_impl(k_cache, v_cache, k, v, cache_seqlens, block_table)
+
+    @append_op.register_fake
+    def _(*args):
+        return None
+
 else:  # pragma: no cover - torch < 2.4
     attention_op = Attention.apply
     decode_op = decode_impl
+    varlen_op = None                                   # set below, after Varlen
+    append_op = None
+
+
+def _fake_varlen_outputs(q):
+    """``(o, lse)`` of a ragged batch: o like q ``(total_q, H, d)``, lse ``(H, total_q)`` float32."""
+    lse_dtype = torch.promote_types(q.dtype, torch.float32)
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=lse_dtype)
+
+
+def varlen_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, allow_tf32, backend, *variants):
+    """The forward of a ragged batch (:func:`flashlib.attention_varlen`): ``(o (total_q, H, d),
+    lse (H, total_q))``, contiguous, from the backend's ``forward_varlen``; no token or no head
+    answered without one."""
+    variants = variants or NO_VARIANTS
+    if _nothing_to_compute(q):
+        return _fake_varlen_outputs(q)
+    o, lse = BACKENDS[backend].forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
+                                              scale=scale, allow_tf32=allow_tf32, **variant_kw(*variants))
+    return o.contiguous(), lse.contiguous()
+
+
+def _varlen_bwd_impl(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k, causal, scale, allow_tf32, backend,
+                     *variants):
+    """``(dq, dk, dv, dsinks)`` of a ragged batch; ``dsinks`` empty when there are no sinks."""
+    variants = variants or NO_VARIANTS
+    sinks = variants[3]
+    if _nothing_to_compute(q):
+        grads = tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+        return (*grads, _no_dsinks(q) if sinks is None else torch.zeros_like(sinks))
+    grads = BACKENDS[backend].backward_varlen(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k, causal=causal,
+                                              scale=scale, allow_tf32=allow_tf32, **variant_kw(*variants))
+    dq, dk, dv = (g.contiguous() for g in grads[:3])
+    dsinks = _no_dsinks(q) if sinks is None else grads[3].to(sinks.dtype).contiguous()
+    return dq, dk, dv, dsinks
+
+
+class Varlen(torch.autograd.Function):
+    """The autograd of :func:`flashlib.attention_varlen` without a custom op (eager, when only
+    autograd needs a backward): :class:`Attention`'s, for packed sequences. Its arguments after q, k,
+    v put ``sinks`` at index 11, as attention's do (:func:`_grads`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, allow_tf32, backend, *variants):
+        o, lse = varlen_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, allow_tf32, backend,
+                             *variants)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = (cu_q, cu_k, max_q, max_k, causal, scale, allow_tf32, backend, *(variants or NO_VARIANTS))
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        if torch.is_grad_enabled():                    # create_graph=True: no double backward
+            raise RuntimeError("flashlib.attention_varlen has no double backward (create_graph=True): "
+                               "its backward kernels are not differentiable")
+        return _grads(ctx, *_varlen_bwd_impl(q, k, v, o, lse, do.contiguous(), *ctx.args))
+
+
+if varlen_op is None:  # pragma: no cover - torch < 2.4
+    varlen_op = Varlen.apply
+
+
+def append_impl(k_cache, v_cache, k, v, cache_seqlens, block_table=None) -> None:
+    """Write the new tokens ``k, v`` into the caches in place at positions ``cache_seqlens[b] + i``
+    (:func:`flashlib.append_kv`): on a CUDA device, Triton's append kernel
+    (:func:`flashlib.kernels.triton.decode_v3.append_kv`: no host read-back, positions past the
+    capacity not written); elsewhere torch's indexing (the API checked the capacity first)."""
+    if k.numel() == 0:
+        return
+    if k_cache.device.type == "cuda":
+        from .kernels.triton import decode_v3
+        decode_v3.append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        return
+    B = k.shape[0]
+    n_new = k.shape[1] if block_table is not None else k.shape[2]
+    pos = cache_seqlens.to(torch.int64)[:, None] + torch.arange(n_new, device=k.device)   # (B, Nnew)
+    b = torch.arange(B, device=k.device)[:, None].expand(B, n_new)                       # (B, Nnew)
+    if block_table is None:                 # dense (B, Hkv, Nmax, d): [b, :, pos] is (B, Nnew, Hkv, d)
+        k_cache[b, :, pos] = k.transpose(1, 2).to(k_cache.dtype)
+        v_cache[b, :, pos] = v.transpose(1, 2).to(v_cache.dtype)
+    else:                                   # paged (pages, page_size, Hkv, d): token t -> page, row
+        page_size = k_cache.shape[1]
+        page = block_table.to(torch.int64).gather(1, pos // page_size)                  # (B, Nnew)
+        k_cache[page, pos % page_size] = k.to(k_cache.dtype)
+        v_cache[page, pos % page_size] = v.to(v_cache.dtype)
 
 
 def path(*tensors) -> str:

@@ -20,6 +20,8 @@ import numbers
 __all__ = ["MAX_HEAD_DIM", "check_tensors", "check_scale", "check_flag", "check_block",
            "check_num_splits", "check_cache_seqlens", "check_window", "check_variants",
            "check_dropout_seed", "draw_dropout_seed", "VARIANT_NAMES"]
+# The serving checks below (check_varlen_tensors, check_cu_seqlens, check_max_seqlen, check_paged_cache,
+# check_block_table, check_new_tokens, check_capacity) are flashlib.api's helpers, tested through it.
 
 MAX_HEAD_DIM = 256          # the largest head dim every backend supports
 
@@ -29,7 +31,7 @@ def check_tensors(q, k, v, *, k_name: str = "k", v_name: str = "v") -> None:
     one device, ``H % Hkv == 0`` (GQA), ``Nq, Nk >= 1`` and ``1 <= d <= 256``.
 
     ``k_name``, ``v_name``: how the messages call k and v (``"k_cache"`` for decode).
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/test_validation.py.
     """
     import torch
@@ -88,7 +90,7 @@ def check_flag(value, name: str) -> bool:
     naming ``name``: a merely truthy value (``"False"``, ``1``, ``None``) is refused, never taken
     literally. The torch API and the NumPy ladder both check their flags here.
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/test_validation.py.
     """
     if isinstance(value, bool):
@@ -149,7 +151,7 @@ def lengths_as_int32(cache_seqlens, nmax: int):
 def check_num_splits(num_splits) -> int:
     """Flash-Decoding's number of K/V splits: an int >= 1.
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/test_validation.py.
     """
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
@@ -170,7 +172,7 @@ def check_cache_seqlens(cache_seqlens, q, nmax: int):
     the cache. The same holds while ``torch.compile`` traces a call (a value read there would split the
     compiled graph), whatever the device.
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/test_validation.py.
     """
     import torch
@@ -231,19 +233,21 @@ def _per_head(x, name: str, q, shapes: tuple) -> None:
 
 
 def check_variants(q, *, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
-                   dropout_p=0.0, dropout_seed=None, op: str = "attention") -> dict:
+                   dropout_p=0.0, dropout_seed=None, op: str = "attention", batch_heads=None) -> dict:
     """The attention variants real models use (flash-attn's definitions; sinks FlashInfer's and
     gpt-oss's), checked: a dict holding only those not at their default, in the form the backends
     take (:class:`flashlib.backends.Backend`): ``window_size`` a pair of ints, ``softcap`` a float
     > 0, ``alibi_slopes`` float32 ``(B, H)`` contiguous (``(H,)`` expanded), ``sinks`` the caller's
     float32 ``(H,)`` tensor (autograd follows it; float64 inputs may give float64 slopes and sinks), ``dropout_p`` in (0, 1) with ``dropout_seed`` a
     pair ``(seed, offset)`` of ints (drawn by :func:`draw_dropout_seed` when None). ``op``
-    "decode" refuses dropout (decode is inference). TypeError/ValueError naming the argument.
+    "decode" refuses dropout (decode is inference). ``batch_heads``: ``(B, H)`` where q's first two
+    dims are not (ragged batches: ``(len(cu_seqlens_q) - 1, q.shape[1])``). TypeError/ValueError
+    naming the argument.
 
     Explained in: notebooks/09_real_models.
     Tested in: tests/test_validation.py.
     """
-    B, H = q.shape[0], q.shape[1]
+    B, H = batch_heads if batch_heads is not None else (q.shape[0], q.shape[1])
     out = {}
     window = check_window(window_size)
     if window != (-1, -1):
@@ -301,3 +305,218 @@ def draw_dropout_seed() -> tuple[int, int]:
     seed = int(torch.randint(0, MAX_DROPOUT_SEED, (1,), dtype=torch.int64))
     offset = int(torch.randint(0, MAX_DROPOUT_OFFSET, (1,), dtype=torch.int64))
     return seed, offset
+
+
+# --- serving: ragged batches and paged caches (chapter 10) ------------------------------------------
+
+def _host_values(x) -> bool:
+    """Whether ``x``'s values may be read by the host: a plain CPU tensor outside torch.compile (a GPU
+    tensor's read-back would make the host wait, and CUDA-graph capture forbids it; a FakeTensor or
+    another subclass has no values to read)."""
+    import torch
+    return x.device.type == "cpu" and type(x) is torch.Tensor and not torch.compiler.is_compiling()
+
+
+def check_varlen_tensors(q, k, v) -> None:
+    """Check packed ``q (total_q, H, d)`` and ``k, v (total_k, Hkv, d)`` (token-major, flash-attn's
+    varlen layout): torch tensors of one float dtype on one device, ``H % Hkv == 0``,
+    ``1 <= d <= 256``, a contiguous last dim not required (any strides).
+
+    Explained in: notebooks/10_serving.
+    Tested in: tests/test_api_serving.py.
+    """
+    import torch
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(f"{name} must have shape (total_tokens, heads, d), 3 dims (packed "
+                             f"sequences), got shape {tuple(x.shape)}")
+        if x.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+    H, D = q.shape[1], q.shape[2]
+    if k.shape[2] != D:
+        raise ValueError(f"k must have the head dim of q ({D}), got k {tuple(k.shape)}")
+    if k.shape[1] < 1 or H % k.shape[1]:
+        raise ValueError(f"the number of query heads H={H} must be a multiple of kv heads "
+                         f"Hkv={k.shape[1]} (the heads of k); GQA: query head h reads kv head h // (H // Hkv)")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"q's head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
+
+
+def check_cu_seqlens(cu, name: str, total: int, q, batch: int | None = None):
+    """A ragged batch's offsets: an int32 tensor ``(B + 1,)`` on q's device, starting at 0,
+    non-decreasing, ending at ``total`` (the packed tokens' count), so that sequence b is rows
+    ``cu[b]:cu[b + 1]``. The values are checked only where the host may read them (CPU tensors
+    outside torch.compile); on a GPU the kernels clamp, as decode does with lengths. Returns it
+    contiguous.
+
+    Explained in: notebooks/10_serving.
+    Tested in: tests/test_api_serving.py.
+    """
+    import torch
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must have dtype torch.int32 (flash-attn's), got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name} must be 1-D of length B + 1 >= 1, got shape {tuple(cu.shape)}")
+    if batch is not None and cu.numel() != batch + 1:
+        raise ValueError(f"{name} must have length B + 1 = {batch + 1} (as cu_seqlens_q), got "
+                         f"{cu.numel()}")
+    if cu.device != q.device:
+        raise ValueError(f"{name} must be on the device of q ({q.device}), got {cu.device}")
+    if _host_values(cu):
+        vals = cu.tolist()
+        if vals[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {vals[0]}")
+        bad = next((b for b in range(len(vals) - 1) if vals[b + 1] < vals[b]), None)
+        if bad is not None:
+            raise ValueError(f"{name} must be non-decreasing, got {name}[{bad}] = {vals[bad]} > "
+                             f"{name}[{bad + 1}] = {vals[bad + 1]}")
+        if vals[-1] != total:
+            raise ValueError(f"{name} must end at the number of packed tokens ({total}), got "
+                             f"{vals[-1]}")
+    return cu.contiguous()
+
+
+def check_max_seqlen(value, name: str, cu) -> int:
+    """``max_seqlen_q`` / ``max_seqlen_k``: a host int >= 0 at least the longest sequence (it sizes
+    the kernels' grids; checked against ``cu`` where the host may read it, never read from a GPU).
+
+    Explained in: notebooks/10_serving.
+    Tested in: tests/test_api_serving.py.
+    """
+    value = check_int(value, name, 0)
+    if _host_values(cu) and cu.numel() > 1:
+        longest = int((cu[1:] - cu[:-1]).max())
+        if value < longest:
+            raise ValueError(f"{name} must be at least the longest sequence ({longest}), got {value}")
+    return value
+
+
+def check_paged_cache(q, k_cache, v_cache) -> None:
+    """Paged caches ``(num_pages, page_size, Hkv, d)`` (token-major pages, flash-attn's): float
+    tensors of q's dtype and device, ``page_size >= 1``, ``num_pages >= 1``, ``H % Hkv == 0``.
+
+    Explained in: notebooks/10_serving.
+    Tested in: tests/test_api_serving.py.
+    """
+    import torch
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have shape (num_pages, page_size, Hkv, d) with a "
+                             f"block_table, got shape {tuple(x.shape)}")
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have the shape of k_cache {tuple(k_cache.shape)}, got "
+                         f"{tuple(v_cache.shape)}")
+    num_pages, page_size, hkv, d = k_cache.shape
+    if page_size < 1:
+        raise ValueError(f"k_cache's page size (dim 1) must be >= 1, got {page_size}")
+    if num_pages < 1:
+        raise ValueError(f"k_cache must hold at least one page, got {tuple(k_cache.shape)}")
+    if d != q.shape[-1]:
+        raise ValueError(f"k_cache must have the head dim of q ({q.shape[-1]}), got {tuple(k_cache.shape)}")
+    if hkv < 1 or q.shape[1] % hkv:
+        raise ValueError(f"the number of query heads H={q.shape[1]} must be a multiple of kv heads "
+                         f"Hkv={hkv} (dim 2 of the paged k_cache)")
+
+
+def check_block_table(block_table, q, num_pages: int):
+    """A paged cache's block table: an int32 tensor ``(B, max_pages)`` on q's device; token t of
+    sequence b lives in page ``block_table[b, t // page_size]``. Entries are checked (in
+    ``[0, num_pages)``) by :func:`check_capacity`, for the pages a call reads, where the host may read
+    them. Returns it.
+
+    Explained in: notebooks/10_serving.
+    Tested in: tests/test_api_serving.py.
+    """
+    import torch
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table must be a torch.Tensor of int32 or None, got "
+                        f"{type(block_table).__name__}")
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"block_table must have dtype torch.int32, got {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or block_table.shape[1] < 1:
+        raise ValueError(f"block_table must have shape ({q.shape[0]}, max_pages >= 1), got "
+                         f"{tuple(block_table.shape)}")
+    if block_table.device != q.device:
+        raise ValueError(f"block_table must be on the device of q ({q.device}), got {block_table.device}")
+    return block_table
+
+
+def check_new_tokens(k, v, q, k_cache, paged: bool):
+    """Decode's appended keys and values: ``(B, Hkv, Nnew, d)`` for a dense cache, ``(B, Nnew, Hkv,
+    d)`` for a paged one (the cache's own token order), q's dtype and device. Returns Nnew.
+
+    Explained in: notebooks/10_serving.
+    Tested in: tests/test_api_serving.py.
+    """
+    import torch
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together (the new tokens' keys and values), got "
+                         f"k={'None' if k is None else 'a tensor'}, v={'None' if v is None else 'a tensor'}")
+    hkv, d = (k_cache.shape[2], k_cache.shape[3]) if paged else (k_cache.shape[1], k_cache.shape[3])
+    layout = "(B, Nnew, Hkv, d) for a paged cache" if paged else "(B, Hkv, Nnew, d) for a dense cache"
+    for name, x in (("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(x).__name__}")
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
+        heads = x.shape[2] if paged else x.shape[1] if x.dim() == 4 else None
+        if x.dim() != 4 or x.shape[0] != q.shape[0] or heads != hkv or x.shape[3] != d:
+            raise ValueError(f"{name} must have shape {layout} with B={q.shape[0]}, Hkv={hkv}, "
+                             f"d={d}, got {tuple(x.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+    return k.shape[1] if paged else k.shape[2]
+
+
+def check_capacity(cache_seqlens, n_new: int, capacity: int, block_table=None, page_size: int = 1,
+                   num_pages: int = 0) -> None:
+    """Where the host may read them: the lengths after appending ``n_new`` tokens fit the cache
+    (``cache_seqlens[b] + n_new <= capacity``), and every block-table entry a call reads (the pages
+    holding those tokens) lies in ``[0, num_pages)``. On a GPU nothing is read back: the kernels
+    clamp lengths and page indices, and an append never writes past the capacity.
+
+    Explained in: notebooks/10_serving.
+    Tested in: tests/test_api_serving.py.
+    """
+    if n_new == 0 and block_table is None:
+        return                                  # check_cache_seqlens has checked [0, capacity]
+    if cache_seqlens is None:                   # the whole capacity: every table entry is read
+        if block_table is None or not _host_values(block_table):
+            return
+        lens = [capacity] * block_table.shape[0]
+    elif not _host_values(cache_seqlens) or cache_seqlens.numel() == 0:
+        return
+    else:
+        lens = [int(n) + n_new for n in cache_seqlens.tolist()]
+    if lens and max(lens) > capacity:
+        b = max(range(len(lens)), key=lens.__getitem__)
+        what = "appended tokens" if n_new else "cache_seqlens"
+        raise ValueError(f"{what} past the cache's capacity ({capacity} tokens per sequence): "
+                         f"sequence {b} would hold {lens[b]} (cache_seqlens[{b}] = {lens[b] - n_new} "
+                         f"+ {n_new} new)")
+    if block_table is None or not _host_values(block_table):
+        return
+    for b, n in enumerate(lens):
+        pages = block_table[b, :-(-n // page_size)].tolist() if n else []
+        bad = [p for p in pages if not 0 <= p < num_pages]
+        if bad:
+            raise ValueError(f"block_table[{b}] points past the cache's {num_pages} pages (entries "
+                             f"must lie in [0, {num_pages})), got {bad[0]}")

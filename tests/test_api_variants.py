@@ -266,8 +266,9 @@ def test_decode_splits_count_the_band_not_the_cache():
     q, k, _ = make_qkv(B=1, H=2, HKV=2, NQ=1, NK=4096, D=8, dtype=torch.float32)
     dense = flashlib.default_num_splits(q, k)
     from flashlib.api import _default_num_splits
-    assert _default_num_splits(q, k, (63, 0)) < dense
-    assert _default_num_splits(q, k, (63, 0)) == _default_num_splits(q, k[:, :, :64])
+    hkv, nmax = k.shape[1], k.shape[2]
+    assert _default_num_splits(q, hkv, nmax, (63, 0)) < dense
+    assert _default_num_splits(q, hkv, nmax, (63, 0)) == _default_num_splits(q, hkv, 64)
 
 
 def test_qkvpacked_takes_the_variants():

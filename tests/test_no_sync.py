@@ -40,11 +40,16 @@ READ_BACK = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "m
 HOST_COPIES = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.cpu}    # no aten op on a CPU
 
 
+HOST_CHECKS = {"check_cache_seqlens", "check_capacity", "check_cu_seqlens", "check_max_seqlen"}
+
+
 def _range_check_on_host(tensor) -> bool:
-    """True inside check_cache_seqlens reading CPU lengths (values already on the host: no wait)."""
+    """True inside flashlib.validation's range checks of CPU lengths, offsets or tables
+    (check_cache_seqlens, check_capacity, check_cu_seqlens, check_max_seqlen: values already on the
+    host, no wait)."""
     import traceback
     return tensor.device.type == "cpu" and any(
-        f.name == "check_cache_seqlens" and f.filename.endswith("validation.py")
+        f.name in HOST_CHECKS and f.filename.endswith("validation.py")
         for f in traceback.extract_stack())
 
 

@@ -395,7 +395,12 @@ err("decode-kcache-heads", lambda: dec(k_cache=T(2, 3, 10, 8), v_cache=T(2, 3, 1
     r"Hkv=3 \(the heads of k_cache\)")
 err("decode-kcache-empty", lambda: dec(k_cache=T(2, 1, 0, 8), v_cache=T(2, 1, 0, 8)), ValueError,
     r"k_cache and v_cache must hold at least one key")
-err("decode-causal-keyword", lambda: dec(causal=True), TypeError, r"causal")
+err("decode-causal-not-bool", lambda: dec(causal="yes"), TypeError, r"causal")
+err("decode-k-without-cache_seqlens", lambda: dec(k=T(2, 1, 1, 8), v=T(2, 1, 1, 8)), ValueError,
+    r"k and v \(new tokens to append\) need cache_seqlens")
+err("decode-block_table-int64", lambda: dec(k_cache=T(4, 5, 1, 8), v_cache=T(4, 5, 1, 8),
+                                             block_table=torch.zeros(2, 1, dtype=torch.int64)),
+    TypeError, r"block_table must have dtype torch.int32")
 
 ok("decode-num_splits-np.int64", lambda: dec(num_splits=np.int64(3)),
    close_to(lambda: oracle(*qkv(B=2, NQ=1, NK=10))))

@@ -47,10 +47,16 @@ class Backend:
     passed as a keyword only when the caller uses it (``dropout_p`` with ``dropout_seed``), and a
     backend that lacks one is refused by name (``backend="auto"`` passes it over). With ``sinks`` the
     backward returns ``dsinks`` ``(H,)`` float32 as a fourth gradient.
+    Ragged batches (chapter 10): ``forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, causal,
+    scale, allow_tf32, **variants) -> (o, lse)`` with q ``(total_q, H, d)``, k, v ``(total_k, Hkv,
+    d)``, lse ``(H, total_q)``, and ``backward_varlen(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k,
+    *, causal, scale, allow_tf32, **variants) -> (dq, dk, dv[, dsinks])``; None: the backend has
+    none (``variants["varlen"]`` lists the variants it computes there). Paged caches: ``decode`` is
+    passed ``block_table`` (a "variant" of decode) with caches ``(num_pages, page_size, Hkv, d)``.
     Inputs reach a backend validated (:mod:`flashlib.validation`): same dtype and device,
     ``H % Hkv == 0``, head dim <= 256. ``lse`` is float32 (float64 for float64 inputs).
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/backends/test_backends.py.
     """
     name: str
@@ -61,11 +67,17 @@ class Backend:
     description: str = field(default="", compare=False)
     kernels: dict = field(default_factory=dict, compare=False)
     variants: dict = field(default_factory=dict, compare=False)
+    forward_varlen: Callable | None = field(default=None, compare=False)
+    backward_varlen: Callable | None = field(default=None, compare=False)
 
     def lacks(self, op: str, used) -> list:
-        """The variants of ``used`` (names) this backend cannot compute for ``op``."""
+        """The variants of ``used`` (names) this backend cannot compute for ``op`` ("attention",
+        "decode" or "varlen"; for "varlen", also ragged batches themselves)."""
         have = self.variants.get(op, frozenset())
-        return [name for name in used if name not in have and name != "dropout_seed"]
+        missing = [name for name in used if name not in have and name != "dropout_seed"]
+        if op == "varlen" and (self.forward_varlen is None or self.backward_varlen is None):
+            missing.insert(0, "ragged batches (attention_varlen)")
+        return missing
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -75,7 +87,7 @@ AUTO: dict[str, str] = {"cuda": "triton", "cpu": "reference"}   # device type ->
 def register_backend(backend: Backend) -> Backend:
     """Add ``backend`` to :data:`BACKENDS` under ``backend.name`` (replacing one of that name).
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/backends/test_backends.py.
     """
     if not isinstance(backend, Backend):
@@ -90,7 +102,7 @@ def registered(backend: Backend):
     exception) :data:`BACKENDS` is as before, with any backend of that name restored.
 
     ``with registered(Backend("spy", ...)): flashlib.attention(q, k, v, backend="spy")``.
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/backends/test_backends.py.
     """
     before = BACKENDS.get(getattr(backend, "name", None))
@@ -106,7 +118,7 @@ def registered(backend: Backend):
 
 def resolve(backend, q, op: str = "attention", used=()) -> Backend:
     """The :class:`Backend` that ``backend`` ("auto", or a name in :data:`BACKENDS`) means for the
-    tensor ``q``, after its ``check(q, op)`` (``op``: "attention" or "decode") found that it can run,
+    tensor ``q``, after its ``check(q, op)`` (``op``: "attention", "decode" or "varlen") found that it can run,
     and that computes the variants named in ``used`` (``window_size``, ``softcap``, ...: a ValueError
     naming them otherwise).
 
@@ -115,7 +127,7 @@ def resolve(backend, q, op: str = "attention", used=()) -> Backend:
     than flashlib supports), "auto" takes "reference" instead, with a RuntimeWarning saying why
     (:func:`auto_choice`). A refusal of the input itself (ValueError/TypeError: bf16 before sm_80)
     stands.
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/backends/test_backends.py.
     """
     if not isinstance(backend, str):
@@ -143,7 +155,7 @@ def auto_choice(q, op: str = "attention", used=()) -> tuple[str, str | None]:
     backend='triton' cannot run here: ... triton 3.1.0 ..."). Raises what the chosen backend's check
     raises for the input itself.
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/kernels/triton/test_triton_versions.py.
     """
     name = AUTO.get(q.device.type, "reference")
@@ -166,4 +178,5 @@ def auto_choice(q, op: str = "attention", used=()) -> tuple[str, str | None]:
 
 for _name, _module in (("reference", reference), ("triton", triton), ("cuda", cuda)):
     register_backend(Backend(_name, _module.forward, _module.backward, _module.decode, _module.check,
-                             _module.DESCRIPTION, _module.KERNELS, _module.VARIANTS))
+                             _module.DESCRIPTION, _module.KERNELS, _module.VARIANTS,
+                             getattr(_module, "forward_varlen", None), getattr(_module, "backward_varlen", None)))

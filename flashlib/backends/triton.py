@@ -71,7 +71,8 @@ DECODE = Family("triton decode", (
     Variant("v3", "decode_v3.py: Flash-Decoding, split-KV then combine"),))
 KERNELS = {"forward": FORWARD, "backward": BACKWARD, "decode": DECODE}
 VARIANTS = {"attention": frozenset({"window_size", "softcap", "alibi_slopes", "sinks", "dropout_p"}),
-            "decode": frozenset({"window_size", "softcap", "alibi_slopes", "sinks"})}
+            "varlen": frozenset({"window_size", "softcap", "alibi_slopes", "sinks", "dropout_p"}),
+            "decode": frozenset({"window_size", "softcap", "alibi_slopes", "sinks", "block_table"})}
 KNOBS = {f.env: f.names for f in (FORWARD, BACKWARD)}    # read by info, bench
 
 
@@ -182,28 +183,54 @@ def backward(q, k, v, o, lse, do, *, causal, scale, allow_tf32=False, blocks=(No
             **variants)
 
 
+def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, scale, allow_tf32=False, **variants):
+    """Backend.forward_varlen: :func:`flashlib.kernels.triton.fa2_fwd_v1.forward_varlen`, the forward's
+    kernel with its ragged switch (one flat grid over sequences and query blocks), with the variants.
+    Explained in: notebooks/10_serving."""
+    kernels = _kernels()
+    q, k, v = _last_dim_contiguous(q, k, v)
+    with _OnDevice(q):
+        return kernels.fa2_fwd_v1.forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, scale=scale,
+                                                 allow_tf32=allow_tf32, **variants)
+
+
+def backward_varlen(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k, *, causal, scale, allow_tf32=False,
+                    **variants):
+    """Backend.backward_varlen: :func:`flashlib.kernels.triton.fa2_bwd_v2.backward_varlen` (with sinks,
+    ``dsinks`` as a fourth gradient).
+    Explained in: notebooks/10_serving."""
+    kernels = _kernels()
+    q, k, v, o, do = _last_dim_contiguous(q, k, v, o, do)
+    with _OnDevice(q):
+        return kernels.fa2_bwd_v2.backward_varlen(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k, causal=causal,
+                                                  scale=scale, allow_tf32=allow_tf32, **variants)
+
+
 MIN_DECODE_BLOCK_N = 16      # the smallest key block of a decode config (tl.dot needs >= 16)
 
 
-def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale, kernel=None, **variants):
+def decode(q, k_cache, v_cache, cache_seqlens, *, num_splits, scale, kernel=None, block_table=None, **variants):
     """Backend.decode: :func:`flashlib.kernels.triton.decode_v3.decode` (split-KV, then combine);
     ``cache_seqlens`` None reaches the kernel as None (no lengths tensor is made). int64 lengths are
     clamped into ``[0, Nmax]`` in 64 bits on their device (no read-back) before they become the
     kernel's int32: 2**32 + 3 means Nmax, not 3. The kernel's splits are whole key blocks
     (``MIN_DECODE_BLOCK_N`` keys or more), so at most ``ceil(Nmax / MIN_DECODE_BLOCK_N)`` of them can
     hold a key: ``num_splits`` is clamped to that (the splits dropped were empty: the same answer).
+    With ``block_table`` the caches are paged ``(num_pages, page_size, Hkv, d)`` and Nmax is a
+    sequence's capacity, ``max_pages · page_size`` (the kernel gathers rows through the table).
     Explained in: notebooks/07_triton."""
     kernels = _kernels()
     if kernel is not None:
         DECODE.get(kernel)                # one version: nothing to choose, but a wrong name fails
     q, k_cache, v_cache = _last_dim_contiguous(q, k_cache, v_cache)
-    nmax = k_cache.shape[2]
+    paged = {} if block_table is None else {"block_table": block_table.contiguous()}
+    nmax = k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is not None:
         cache_seqlens = lengths_as_int32(cache_seqlens, nmax)
     num_splits = max(1, min(num_splits, -(-nmax // MIN_DECODE_BLOCK_N)))
     with _OnDevice(q):
         return kernels.decode.decode(q, k_cache, v_cache, cache_seqlens, num_splits=num_splits, scale=scale,
-                                     **variants)
+                                     **paged, **variants)
 
 
 def check(q, op):

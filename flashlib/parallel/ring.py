@@ -15,7 +15,7 @@ gradient is independent (FlashAttention-2's backward with ``P = exp(S − LSE)``
 ``D = rowsum(dO ∘ O)``), so dQ accumulates locally while dK and dV travel with their K/V shard and are
 home after ``world`` rotations.
 
-Explained in: notebooks/11_beyond_one_gpu.
+Explained in: notebooks/12_beyond_one_gpu.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from .. import backends
 from ..validation import check_flag, check_int, check_scale, check_tensors
+from ..states import merge_states
 
 __all__ = ["ring_attention", "shard", "unshard", "chunk_ids", "merge_partials", "LAYOUTS"]
 
@@ -51,7 +52,7 @@ def chunk_ids(rank: int, world: int, layout: str = "contiguous") -> list[int]:
     """The global sequence chunks held by ``rank``: ``[rank]`` of ``world``
     (contiguous) or ``[rank, 2·world − 1 − rank]`` of ``2·world`` (zigzag).
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
     _check_layout(layout)
@@ -64,7 +65,7 @@ def chunk_ids(rank: int, world: int, layout: str = "contiguous") -> list[int]:
 def shard(x: torch.Tensor, rank: int, world: int, *, layout: str = "contiguous", dim: int = -2):
     """Rank ``rank``'s shard of the full sequence ``x`` along ``dim`` (length divisible by the chunks).
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
     if not isinstance(x, torch.Tensor):
@@ -84,7 +85,7 @@ def shard(x: torch.Tensor, rank: int, world: int, *, layout: str = "contiguous",
 def unshard(shards, *, layout: str = "contiguous", dim: int = -2) -> torch.Tensor:
     """The full sequence from every rank's shard (the inverse of :func:`shard`).
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
     _check_layout(layout)
@@ -122,38 +123,18 @@ def merge_partials(o_a, lse_a, o_b, lse_b):
     ``lse = logaddexp(lse_a, lse_b)``,
     ``o = exp(lse_a − lse) o_a + exp(lse_b − lse) o_b``; where both are empty
     (``lse = −inf``) the result is ``o = 0``, ``lse = −inf``. Shapes
-    ``(..., N, d)``, ``(..., N)``. Same formula as
+    ``(..., N, d)``, ``(..., N)``. It is :func:`flashlib.merge_states`, the
+    one merge of attention states (chapter 10), and the formula of
     :func:`flashlib.ladder.decoding.combine`.
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
-    named = (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b))
-    for name, t in named:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, "
-                            f"got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, "
-                            f"got {t.dtype}")
-    if o_a.dim() < 2:
+    if isinstance(o_a, torch.Tensor) and o_a.dim() < 2:
         raise ValueError(f"o_a must have shape (..., N, d), at least 2 dims, "
                          f"got {tuple(o_a.shape)}")
-    if o_b.shape != o_a.shape:
-        raise ValueError(f"o_b must have the shape of o_a {tuple(o_a.shape)}, "
-                         f"got {tuple(o_b.shape)}")
-    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
-        if t.shape != o_a.shape[:-1]:
-            raise ValueError(f"{name} must have shape {tuple(o_a.shape[:-1])} "
-                             f"(o's shape without d), got {tuple(t.shape)}")
-    lse = torch.logaddexp(lse_a, lse_b)
-    safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
-    # an empty part (lse = -inf) weighs 0, also where both are empty
-    w_a = torch.where(torch.isneginf(lse_a), torch.zeros_like(lse_a),
-                      torch.exp(lse_a - safe))
-    w_b = torch.where(torch.isneginf(lse_b), torch.zeros_like(lse_b),
-                      torch.exp(lse_b - safe))
-    return w_a[..., None] * o_a + w_b[..., None] * o_b, lse
+    # the one merge of attention states (flashlib.states, chapter 10)
+    return merge_states(o_a, lse_a, o_b, lse_b)
 
 
 def _mode(a: int, b: int, causal: bool) -> str:
@@ -335,7 +316,7 @@ def ring_attention(q, k, v, *, causal=False, group=None, layout="contiguous",
         TypeError: ``group`` not a process group (a name such as "world" is
             not one), bad tensors.
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/parallel/test_ring.py.
     """
     # flashlib's one validator, as flashlib.attention's

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..ladder._checks import check_qkv, check_scale
 
-__all__ = ["reference", "reference_backward", "random_qkv", "max_error", "assert_close",
+__all__ = ["reference", "reference_backward", "reference_varlen", "random_qkv", "max_error", "assert_close",
            "reference_gqa", "plain_torch_attention", "assert_fa_rule", "assert_attention_right",
            "rounding_floor", "ROUNDING", "ADVERSARIAL_SHAPES"]
 
@@ -296,6 +296,54 @@ def reference_gqa(q, k, v, *, causal=False, scale=None, do=None, **variants):
     b, hkv, nk = k.shape[:3]
     grads = (dq, dk.reshape(b, hkv, group, nk, -1).sum(2), dv.reshape(b, hkv, group, nk, -1).sum(2))
     return o, lse, grads + tuple(d.sum(0) for d in dsinks)
+
+
+def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, do=None,
+                     alibi_slopes=None, dropout_masks=None, **variants):
+    """The float64 oracle for a ragged batch (:func:`flashlib.attention_varlen`'s layout): q
+    ``(total_q, H, d)``, k, v ``(total_k, Hkv, d)``, sequence b = rows ``cu[b]:cu[b+1]``, each
+    attended alone by :func:`reference_gqa` (masks bottom-right per sequence).
+
+    Returns NumPy float64 ``(o (total_q, H, d), lse (H, total_q))``, or with ``do`` also
+    ``(dq, dk, dv)`` shaped like q, k, v (and ``dsinks (H,)`` with sinks). A sequence with queries
+    but no key outputs 0 with ``lse = -inf`` (or the sink) and gradients 0. ``alibi_slopes``:
+    ``(H,)`` or ``(B, H)``; ``dropout_masks``: one ``(H, nq_b, nk_b)`` keep mask per sequence (with
+    ``dropout_p``); the other variants as :func:`reference`.
+    Explained in: notebooks/10_serving.
+
+    Tested in: tests/test_api_serving.py.
+    """
+    q, k, v = _np64(q), _np64(k), _np64(v)
+    cq, ck = (np.asarray(c.tolist() if hasattr(c, "tolist") else c, dtype=np.int64)
+              for c in (cu_seqlens_q, cu_seqlens_k))
+    H, B = q.shape[1], len(cq) - 1
+    o, lse = np.zeros(q.shape[:2] + v.shape[2:]), np.full((H, q.shape[0]), -np.inf)
+    grads = [np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape), np.zeros(H)]
+    sinks = variants.get("sinks")
+    for b in range(B):
+        rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        if cq[b + 1] == cq[b]:
+            continue                                            # no query: nothing to compute
+        if ck[b + 1] == ck[b]:                                  # queries, no key: o = 0
+            if sinks is not None:
+                lse[:, rq] = _np64(sinks)[:, None]
+            continue
+        var = dict(variants)
+        if alibi_slopes is not None:
+            slopes = _np64(alibi_slopes)
+            var["alibi_slopes"] = slopes[b] if slopes.ndim == 2 else slopes
+        if dropout_masks is not None:
+            var["dropout_mask"] = np.asarray(dropout_masks[b])[None]
+        qb, kb, vb = (x[r].transpose(1, 0, 2)[None] for x, r in ((q, rq), (k, rk), (v, rk)))
+        dob = None if do is None else _np64(do)[rq].transpose(1, 0, 2)[None]
+        out = reference_gqa(qb, kb, vb, causal=causal, scale=scale, do=dob, **var)
+        o[rq], lse[:, rq] = out[0][0].transpose(1, 0, 2), out[1][0]
+        if do is not None:
+            for g, x, r in zip(grads, out[2], (rq, rk, rk, slice(None))):
+                g[r] += x[0].transpose(1, 0, 2) if x.ndim == 4 else x
+    if do is None:
+        return o, lse
+    return o, lse, tuple(grads[:3]) + ((grads[3],) if sinks is not None else ())
 
 
 def plain_torch_attention(q, k, v, *, causal=False, scale=None, window_size=(-1, -1), softcap=0.0,

@@ -12,7 +12,7 @@ result), error (an exception, with its reason) or skipped (the backend cannot ru
 why); the exit status is 0 only if every row that ran passed, and at least one ran (a check where every
 backend was skipped proved nothing, and says so).
 
-Explained in: notebooks/10_models.
+Explained in: notebooks/11_models.
 """
 from __future__ import annotations
 
@@ -228,6 +228,75 @@ def _variants_one(backend, dtype, dev, case=VARIANTS_CASE) -> str:
                                   sinks=sinks.detach().cpu().double().numpy(), dropout_p=0.2, dropout_mask=z)
 
 
+# The serving case (chapter 10): a ragged batch with an empty sequence, a sequence of queries and no key,
+# length 1 and lengths no block divides, GQA, causal; and a paged decode appending 3 causal tokens.
+SERVING_LENGTHS = ((13, 20), (0, 5), (7, 0), (1, 1), (40, 33))
+
+
+def _serving_one(backend, dtype, dev) -> str:
+    """attention_varlen forward and backward against the oracle (FlashAttention's 2x/3x rule against
+    plain torch per sequence), then decode with appended causal tokens on a paged cache (page size 3,
+    shuffled pages) bit-for-bit equal to the same decode on a dense cache."""
+    import numpy as np
+    import torch
+
+    from .. import api
+    from ..testing import assert_fa_rule, plain_torch_attention, reference_varlen
+    g = torch.Generator().manual_seed(11)
+    nq, nk = (list(x) for x in zip(*SERVING_LENGTHS))
+    cu_q, cu_k = (torch.tensor(np.cumsum([0] + n), dtype=torch.int32, device=dev) for n in (nq, nk))
+    q, do = (torch.randn(sum(nq), 4, 40, generator=g).to(dev, dtype) for _ in range(2))
+    k, v = (torch.randn(sum(nk), 2, 40, generator=g).to(dev, dtype).requires_grad_() for _ in range(2))
+    q.requires_grad_()
+    o = api.attention_varlen(q, k, v, cu_q, cu_k, max(nq), max(nk), causal=True, backend=backend)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    o_ref, _, g_ref = reference_varlen(q.detach(), k.detach(), v.detach(), cu_q.cpu(), cu_k.cpu(), causal=True,
+                                       do=do.cpu())
+    base = [torch.zeros_like(x) for x in (q, q, k, v)]           # plain torch per sequence: o, dq, dk, dv
+    for b in range(len(nq)):
+        rq, rk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if nq[b] and nk[b]:
+            xs = [x.detach()[r].transpose(0, 1)[None].requires_grad_() for x, r in ((q, rq), (k, rk), (v, rk))]
+            kb, vb = (x.repeat_interleave(2, 1) for x in xs[1:])                 # GQA: 2 heads per kv
+            ob = plain_torch_attention(xs[0], kb, vb, causal=True)
+            gb = torch.autograd.grad(ob, xs, do[rq].transpose(0, 1)[None])
+            base[0][rq] = ob.detach()[0].transpose(0, 1)
+            for out, gr, r in zip(base[1:], gb, (rq, rk, rk)):
+                out[r] = gr[0].transpose(0, 1)
+    assert_fa_rule(o, base[0], o_ref, name="varlen o")
+    for name, got, b_, want in zip(("dq", "dk", "dv"), grads, (base[1], base[2], base[3]), g_ref):
+        assert_fa_rule(got, b_, want, factor=3.0, name=f"varlen {name}")
+    return _paged_equals_dense(backend, dtype, dev) + "; varlen fwd+bwd match the oracle"
+
+
+def _paged_equals_dense(backend, dtype, dev) -> str:
+    """Decode appending 3 causal tokens: a paged cache (page size 3, pages shuffled) gives the dense
+    cache's answer bit for bit, and both caches hold the appended tokens."""
+    import torch
+
+    from .. import api
+    g = torch.Generator().manual_seed(12)
+    B, HKV, NMAX, D, PS = 3, 2, 48, 64, 3
+    dense = [torch.randn(B, HKV, NMAX, D, generator=g).to(dev, dtype) for _ in range(2)]
+    per = NMAX // PS
+    table = torch.randperm(B * per, generator=g).reshape(B, per).to(dev, torch.int32)
+    paged = [torch.empty(B * per, PS, HKV, D, device=dev, dtype=dtype) for _ in range(2)]
+    for d_, p_ in zip(dense, paged):
+        p_[table.long()] = d_.transpose(1, 2).reshape(B, per, PS, HKV, D)
+    q = torch.randn(B, 4, 3, D, generator=g).to(dev, dtype)
+    new = [torch.randn(B, HKV, 3, D, generator=g).to(dev, dtype) for _ in range(2)]
+    lens = torch.tensor([0, 17, 45], dtype=torch.int32, device=dev)
+    a = api.decode(q, *dense, k=new[0], v=new[1], cache_seqlens=lens, causal=True, num_splits=2,
+                   return_lse=True, backend=backend)
+    b = api.decode(q, *paged, k=new[0].transpose(1, 2), v=new[1].transpose(1, 2), cache_seqlens=lens,
+                   block_table=table, causal=True, num_splits=2, return_lse=True, backend=backend)
+    for name, x, y in zip(("o", "lse"), a, b):
+        if not torch.equal(x, y):
+            raise AssertionError(f"paged decode's {name} differs from dense decode's (max "
+                                 f"{(x.double() - y.double()).abs().max().item():.2e})")
+    return "paged decode (page 3, append 3 causal) == dense bit for bit"
+
+
 # The realistic backward: N ~ 1000 and d = 128 reach the kernels' real GPU configs (a test of 40 tokens
 # never does); GQA and causal with Nq != Nk, so every masking path runs.
 DETERMINISM_CASE = (2, 8, 2, 1000, 1037, 128, True)
@@ -262,7 +331,9 @@ def _cases(dev, backend: str = "triton"):
     from ..validation import VARIANT_NAMES
     races = dev.type == "cuda" and backend != "reference"
     variants = not BACKENDS[backend].lacks("attention", VARIANT_NAMES)
-    return [*CHECK_CASES, "decode", *(["variants"] if variants else []), *(["determinism"] if races else [])]
+    serving = not BACKENDS[backend].lacks("varlen", ()) and not BACKENDS[backend].lacks("decode", ("block_table",))
+    return [*CHECK_CASES, "decode", *(["variants"] if variants else []), *(["serving"] if serving else []),
+            *(["determinism"] if races else [])]
 
 
 def _run_case(name, case, dtype, dev) -> tuple[str, str]:
@@ -275,6 +346,8 @@ def _run_case(name, case, dtype, dev) -> tuple[str, str]:
             note = _determinism_one(name, dtype, dev)
         elif case == "variants":
             note = _variants_one(name, dtype, dev)
+        elif case == "serving":
+            note = _serving_one(name, dtype, dev)
         else:
             note = _one(name, case, dtype, dev)
         return "pass", note
@@ -352,6 +425,8 @@ def _case_name(case) -> str:
         return "bwd x2 bitwise " + _case_name(DETERMINISM_CASE)
     if case == "variants":
         return "variants " + _case_name(VARIANTS_CASE)
+    if case == "serving":
+        return "serving: varlen fwd+bwd, paged decode + append"
     b, h, hkv, nq, nk, d, causal = case
     return f"B{b} H{h}/{hkv} Nq{nq} Nk{nk} d{d}{' causal' if causal else ''}"
 
