@@ -4,7 +4,10 @@ Tiny randomly initialised Llama, Mistral (sliding window shorter than the
 sequence), Gemma 2 (logit softcapping, sliding and full layers) and gpt-oss
 (attention sinks, sliding and full layers), float32 on a CPU, flashlib's
 "reference" backend: logits as transformers' own eager attention's, the same
-greedy tokens from ``generate()`` with a KV cache, and padded batches refused.
+greedy tokens from ``generate()`` with a KV cache, and padded batches (left
+padding in batched generation, right padding in a prompt) through
+flashlib.attention_varlen with eager's logits on the real tokens and eager's
+tokens; the masks flashlib cannot express refused.
 The weights are drawn wide (``initializer_range=0.3``) so that attention is
 peaked: dropping a variant moves the logits by far more than the tolerance
 (each model test checks that it would notice).
@@ -53,17 +56,19 @@ def calls(monkeypatch):
     def spy(fn):
         original = getattr(flashlib.api, fn)
 
-        def call(q, k, v, **kw):
+        def call(q, k, v, *args, **kw):
             seen.append(dict({n: tuple(a.shape) if torch.is_tensor(a) else a
                               for n, a in kw.items()},
-                             fn=fn, q=tuple(q.shape), k=tuple(k.shape)))
+                             fn=fn, q=tuple(q.shape), k=tuple(k.shape),
+                             args=args))
             kw.pop(seen.drop, None)
-            return original(q, k, v, **kw)
+            return original(q, k, v, *args, **kw)
         monkeypatch.setattr(flashlib.api, fn, call)
 
     seen.drop = None
     spy("attention")
     spy("decode")
+    spy("attention_varlen")
     return seen
 
 
@@ -84,7 +89,7 @@ def _logits(model, impl, ids, **kw):
 
 def _variants(call):
     return {n: v for n, v in call.items()
-            if n not in ("fn", "q", "k", "causal", "scale", "backend")}
+            if n not in ("fn", "q", "k", "args", "causal", "scale", "backend")}
 
 
 @pytest.mark.parametrize("kind", MODELS)
@@ -139,18 +144,143 @@ def test_greedy_generation_matches_eager(kind, calls):
         assert call["k"][2] == (min(past, W - 1) if sliding else past) + 1
 
 
-def test_padded_batches_are_refused():
-    model, ids = _model("llama"), _ids()
+def _padded(batch=3, n=N, seed=1, right=False, pads=((0, 5), (2, 11))):
+    """Token ids and a 2-D mask: ``pads`` ``(sequence, padding tokens)``, by
+    default sequence 0 has 5 padding tokens, sequence 2 has 11 (more than
+    the window W), sequence 1 none; on the left (batched generation) or on
+    the right."""
+    ids = _ids(batch, n, seed)
     mask = torch.ones_like(ids)
-    mask[0, :3] = 0                               # left padding
-    model.set_attn_implementation(NAME)
-    with pytest.raises(ValueError, match="padded batches come with varlen"):
+    for b, pad in pads:
+        if b < batch:
+            if right:
+                mask[b, n - pad:] = 0
+            else:
+                mask[b, :pad] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+@pytest.mark.parametrize("right", [False, True], ids=["left", "right"])
+@pytest.mark.parametrize("kind", MODELS)
+def test_padded_batch_logits_match_eager_on_the_real_tokens(kind, right,
+                                                            calls):
+    model = _model(kind)
+    ids, mask = _padded(right=right)
+    eager = _logits(model, "eager", ids, attention_mask=mask)
+    ours = _logits(model, NAME, ids, attention_mask=mask)
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], eager[real], **TOL)
+    # each layer: one flashlib.attention_varlen call on the real tokens only
+    assert [c["fn"] for c in calls] == ["attention_varlen"] * 2
+    lens = [N - 5, N, N - 11]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()],
+                      dtype=torch.int32)
+    for layer, call in enumerate(calls):
+        cu_q, cu_k, max_q, max_k = call["args"]
+        assert torch.equal(cu_q, cu) and torch.equal(cu_k, cu)
+        assert max_q == max_k == N and call["causal"] is True
+        total = sum(lens)
+        assert call["q"] == (total, 4, 8) and call["k"] == (total, 2, 8)
+        assert _variants(call) == EXPECTED[kind][layer]
+    if not right:   # left padding matters: without the mask the logits move
+        unmasked = _logits(model, NAME, ids)
+        assert (unmasked[real] - eager[real]).abs().max() > 1e3 * TOL["atol"]
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_batched_greedy_generation_with_left_padding_matches_eager(kind,
+                                                                   calls):
+    model = _model(kind)
+    ids, mask = _padded()
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False,
+              pad_token_id=0)
+    tokens = {}
+    for impl in ("eager", NAME):
+        model.set_attn_implementation(impl)
         with torch.no_grad():
-            model(ids, attention_mask=mask)
-    with pytest.raises(ValueError, match="padded batches come with varlen"):
+            tokens[impl] = model.generate(ids, **kw)
+    assert tokens[NAME].shape == (3, N + 6)
+    assert torch.equal(tokens[NAME], tokens["eager"])
+    # prefill and every step (one query per sequence against a cache padded
+    # on the left) in flashlib.attention_varlen; but a sliding layer's steps
+    # see the last W positions only, all real here (every sequence is longer
+    # than W): no padding left, flashlib.decode on its cache of W keys
+    assert len(calls) == 2 * 6
+    lens = torch.tensor([N - 5, N, N - 11])
+    assert lens.min() > W
+    for step, call in enumerate(calls):
+        layer, new = step % 2, step // 2
+        assert _variants(call) == EXPECTED[kind][layer]
+        if "window_size" in call and new > 0:
+            assert call["fn"] == "decode" and call["k"][2] == W
+            continue
+        assert call["fn"] == "attention_varlen"
+        cu_q, cu_k, max_q, max_k = call["args"]
+        want_q = lens if new == 0 else torch.ones(3, dtype=torch.long)
+        want_k = lens + new                 # the prompt and the new tokens
+        assert torch.equal(cu_q.diff().long(), want_q)
+        assert torch.equal(cu_k.diff().long(), want_k)
+        assert (max_q, max_k) == (int(want_q.max()), int(want_k.max()))
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gpt_oss"])
+def test_padded_generation_gives_each_sequence_its_own_tokens(kind, calls):
+    """Left padding changes nothing: each sequence of the padded batch gets
+    eager's tokens and the tokens it gets alone, unpadded. Sequence 2 has 3
+    tokens, fewer than the window: the sliding layers' steps see padding in
+    their cache of W positions too (attention_varlen, not decode)."""
+    model = _model(kind)
+    ids, mask = _padded(pads=((0, 5), (2, N - 3)))
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        eager = model.generate(ids, attention_mask=mask, **kw)
+        model.set_attn_implementation(NAME)
+        batched = model.generate(ids, attention_mask=mask, **kw)
+        assert torch.equal(batched, eager)
+        sliding = [c for c in calls if "window_size" in c]
+        assert sliding and sliding[0]["fn"] == "attention_varlen"
+        assert any(c["fn"] == "attention_varlen" and c["q"][0] == 3
+                   for c in sliding[1:])          # a step, padding cached
+        for b in range(3):
+            alone = ids[b:b + 1, mask[b].bool()]
+            got = model.generate(alone, attention_mask=torch.ones_like(alone),
+                                 **kw)
+            assert torch.equal(got[0, -6:], batched[b, -6:]), b
+
+
+def test_training_on_a_padded_batch_gives_eager_gradients():
+    model, (ids, mask) = _model("gpt_oss"), _padded(right=True)
+    labels = ids.masked_fill(mask == 0, -100)       # padding is not learned
+    model.train()
+    grads = {}
+    for impl in ("eager", NAME):
+        model.zero_grad()
+        model.set_attn_implementation(impl)
+        model(ids, attention_mask=mask, labels=labels).loss.backward()
+        grads[impl] = {n: p.grad.clone() for n, p in model.named_parameters()
+                       if p.grad is not None}
+    assert grads[NAME].keys() == grads["eager"].keys()
+    for n, g in grads["eager"].items():
+        torch.testing.assert_close(grads[NAME][n], g, rtol=1e-4, atol=1e-5,
+                                   msg=n)
+
+
+def test_a_hole_in_a_sequence_is_taken_without_a_window_refused_with_one():
+    """Padding inside a sequence (a 0 between tokens): causal attention with
+    no window closes the hole up exactly as eager masks it; a sliding window
+    counts positions, so a hole would move it, and is refused."""
+    ids, mask = _padded()
+    mask[1, 7:9] = 0
+    llama = _model("llama")
+    eager = _logits(llama, "eager", ids, attention_mask=mask)
+    ours = _logits(llama, NAME, ids, attention_mask=mask)
+    torch.testing.assert_close(ours[mask.bool()], eager[mask.bool()], **TOL)
+    mistral = _model("mistral")
+    mistral.set_attn_implementation(NAME)
+    with pytest.raises(ValueError, match="sequence 1's tokens have a hole"):
         with torch.no_grad():
-            model.generate(ids, attention_mask=mask, max_new_tokens=2,
-                           do_sample=False, pad_token_id=0)
+            mistral(ids, attention_mask=mask)
 
 
 def test_dense_masks_are_accepted_only_as_the_plain_band(calls):
@@ -167,7 +297,7 @@ def test_dense_masks_are_accepted_only_as_the_plain_band(calls):
     bias = additive - 0.5 * band                  # not 0 / -inf: a bias
     model.set_attn_implementation(NAME)
     with torch.no_grad():
-        with pytest.raises(ValueError, match="padded batches"):
+        with pytest.raises(ValueError, match="pass a padded batch's 2-D"):
             model(ids, attention_mask=padded)
         with pytest.raises(ValueError, match="adds a bias"):
             model(ids, attention_mask=bias)
@@ -191,9 +321,17 @@ def test_masks_flashlib_cannot_express_are_refused():
         with pytest.raises(ValueError, match="causal, bidirectional and"):
             hf.check_mask(**geometry, q_offset=15, mask_function=fn)
     short = torch.ones(1, 15, dtype=torch.bool)   # shorter than the keys
-    with pytest.raises(ValueError, match="padded batches"):
+    with pytest.raises(ValueError, match="covers 15 positions, but the keys"):
         hf.check_mask(**geometry, q_offset=15, attention_mask=short,
                       mask_function=mu.causal_mask_function)
+    with pytest.raises(ValueError, match=r"expected a 2-D \(1, total length"):
+        hf.check_mask(**geometry, q_offset=15, attention_mask=short[None],
+                      mask_function=mu.causal_mask_function)
+    holed = torch.ones(1, 16, dtype=torch.bool)
+    holed[0, 12] = False
+    with pytest.raises(ValueError, match="sequence 0's tokens have a hole"):
+        hf.check_mask(**geometry, q_offset=15, attention_mask=holed,
+                      mask_function=mu.sliding_window_causal_mask_function(8))
 
 
 def test_check_mask_returns_the_band():
@@ -216,6 +354,27 @@ def test_check_mask_returns_the_band():
     assert hf.check_mask(batch_size=1, q_length=3, kv_length=7,
                          mask_function=mu.bidirectional_mask_function) == (
                              hf.Band(False))
+    # padding: the Band carries where the real tokens are (varlen's rows)
+    left = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1],
+                         [1, 1, 1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    band = hf.check_mask(**geometry, mask_function=mu.causal_mask_function,
+                         attention_mask=left)
+    assert band != hf.Band(True) and band.causal
+    assert band.sliding_window is None
+    pad = band.padding
+    assert pad.cu_seqlens_q.tolist() == [0, 5, 10]            # 5 queries each
+    assert pad.cu_seqlens_k.tolist() == [0, 7, 16]            # 7 and 9 keys
+    assert pad.cu_seqlens_q.dtype == pad.cu_seqlens_k.dtype == torch.int32
+    assert (pad.max_seqlen_q, pad.max_seqlen_k) == (5, 9)
+    assert (pad.q_length, pad.kv_length) == (5, 9)
+    assert pad.q_index.tolist() == list(range(10))
+    assert pad.k_index.tolist() == list(range(2, 18))
+    # a sliding layer's keys start later: only their part of the mask counts
+    band = hf.check_mask(batch_size=2, q_length=1, kv_length=4, q_offset=8,
+                         kv_offset=5, attention_mask=left,
+                         mask_function=mu.sliding_window_causal_mask_function(
+                             4))
+    assert band.padding is None and band == hf.Band(True, 4)
     assert hf.Band(True, 4).window_size == (3, 0)
     assert hf.Band(False, 4).window_size == (4, 4)
     assert hf.Band(True).window_size == (-1, -1)
@@ -287,6 +446,22 @@ def test_attention_forward_layout_and_refusals():
                                  sliding_window=3, softcap=4.0, s_aux=sinks,
                                  backend="reference")
     torch.testing.assert_close(o1, o[:, -1:], **TOL)
+    # a 2-D padding mask (1 = token): varlen on the real rows, padding rows 0
+    pad = torch.ones(2, 9, dtype=torch.long)
+    pad[0, :6] = 0                     # sequence 0: 3 keys, its last 3 queries
+    op, _ = hf.attention_forward(layer, q, k, v, pad, scaling=0.3,
+                                 sliding_window=3, softcap=4.0, s_aux=sinks,
+                                 backend="reference")
+    assert op.shape == (2, 5, 4, 8)
+    torch.testing.assert_close(op[1], o[1], **TOL)
+    assert not op[0, :2].any()
+    want0, _ = reference_gqa(q[:1, :, 2:], k[:1, :, 6:], v[:1, :, 6:],
+                             causal=True, scale=0.3, window_size=(2, 0),
+                             softcap=4.0, sinks=sinks.numpy())
+    torch.testing.assert_close(op[0, 2:], torch.from_numpy(want0).float()[0]
+                               .transpose(0, 1), **TOL)
+    with pytest.raises(ValueError, match=r"expected a \(2, 9\) padding"):
+        hf.attention_forward(layer, q, k, v, pad[:, 1:])
     with pytest.raises(ValueError, match="packed sequences"):
         hf.attention_forward(layer, q, k, v, None,
                              cu_seq_lens_q=torch.tensor([0, 5]))
@@ -367,3 +542,21 @@ def test_tiny_model_builds_each_family_small_and_seeded():
     assert not torch.equal(a.lm_head.weight, other.lm_head.weight)
     with pytest.raises(ValueError, match="kind"):
         hf.tiny_model("bert")
+
+
+def test_a_band_built_for_other_sizes_is_refused():
+    """A layer whose sizes are not those its mask was built for (a model that
+    would hand one layer another layer's mask) gets an error, not a wrong
+    unpadding."""
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[0, :4] = 0
+    band = hf.check_mask(batch_size=2, q_length=9, kv_length=9,
+                         mask_function=mu.causal_mask_function,
+                         attention_mask=mask)
+    layer = torch.nn.Module()
+    q = torch.zeros(2, 4, 9, 8)
+    k = torch.zeros(2, 2, 7, 8)
+    with pytest.raises(ValueError, match="built for 2 sequences of 9 queries "
+                                         "and 9 keys, but this layer has 2 "
+                                         "sequences, 9 queries and 7 keys"):
+        hf.attention_forward(layer, q, k, k, band, backend="reference")

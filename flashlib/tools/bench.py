@@ -28,6 +28,12 @@ skipped and goes on). Speed goals are reported here, met or MISSED (:data:`GOALS
 the correctness tier: ``--generate`` times a tiny Llama's generation per token through flashlib.auto
 against plain SDPA (:func:`generate_per_token`), and the small call is compared with SDPA's latency.
 
+``--serving`` times the serving rows instead of the sweep (:func:`serving`): a ragged batch packed for
+flashlib.attention_varlen against the same batch padded for SDPA, a decode step through a block table
+(paged cache) against the same step on a dense cache, and cascade decoding (a shared prefix attended
+once, then merge_states) against plain decoding; each row's output is checked against its baseline's
+before anything is timed.
+
 Explained in: notebooks/07_triton.
 """
 from __future__ import annotations
@@ -35,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib.util
+import itertools
 import json
 import math
 import numbers
@@ -52,7 +59,8 @@ from ..validation import check_flag
 __all__ = ["SCHEMA", "SMALL_SHAPE", "SMALL_TIMES", "NOT_ASKED", "SDPA_BACKENDS", "FLASHLIB_IMPLS", "TRITON_KERNELS",
            "CUDA_NO_BACKWARD", "host_timer", "small_ratios",
            "TMA_NO_DECODE", "TMA_REFUSED", "attention_flops", "decode_bytes", "environment", "triton_kernels", "run",
-           "ratios", "save", "load", "result_name", "plot", "plot_file", "main", "EXIT_NOT_SUPPORTED", "GOALS"]
+           "ratios", "save", "load", "result_name", "plot", "plot_file", "main", "EXIT_NOT_SUPPORTED", "GOALS",
+           "SERVING_ROWS", "SERVING_PAIRS", "serving"]
 
 DEFAULT_NS = (512, 1024, 2048, 4096, 8192, 16384)
 SCHEMA = "flashlib-bench/2"        # the result file's format; a change to it gets a new number
@@ -959,7 +967,7 @@ def generate_per_token(*, batch=4, prompt=2048, new=32, repeats=3, dtype="float1
     new)``: default Hugging Face's greedy ``model.generate``; ``clock``: default ``time.perf_counter``
     (tests pass fakes to run the plumbing on a CPU).
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/tools/test_bench.py.
     """
     import time
@@ -1009,6 +1017,247 @@ def generate_per_token(*, batch=4, prompt=2048, new=32, repeats=3, dtype="float1
             "goal": goal}
 
 
+# ---- serving (issue 25): ragged batches, paged caches, cascade decoding ----
+
+# The serving rows (:func:`serving`) and what each one times.
+SERVING_ROWS = {
+    "varlen": "flashlib.attention_varlen, causal, on the ragged batch packed end to end",
+    "padded-flashlib": "flashlib.attention, causal, on the batch right-padded to its longest sequence",
+    "padded-sdpa": "torch SDPA (is_causal, its own backend choice) on the same padded batch",
+    "paged-decode": "flashlib.decode with a block table (pages in shuffled order)",
+    "dense-decode": "flashlib.decode on a dense cache holding the same keys and values",
+    "cascade": "the shared prefix attended once for every sequence, each suffix alone, merged (merge_states)",
+    "plain-decode": "flashlib.decode with the prefix copied into every sequence's cache",
+}
+# row -> the rows it is compared with (their time / its time: > 1, it is faster)
+SERVING_PAIRS = {"varlen": ("padded-sdpa", "padded-flashlib"), "paged-decode": ("dense-decode",),
+                 "cascade": ("plain-decode",)}
+SERVING_TIMES = ("ms", "train_ms")           # the inference call; forward + backward (grads of q, k, v)
+SERVING_INFERENCE = "not timed: decoding is inference only (no gradient)"
+
+
+def _ragged_lengths(batch: int, max_len: int) -> list[int]:
+    """The serving rows' sequence lengths: a ramp ``max_len · (b + 1) / B`` (at least 1), so the longest is
+    ``max_len`` and the padded batch wastes about half its tokens (and two thirds of causal attention's
+    work: ``Σ len² ≈ B · max_len² / 3``)."""
+    _check_sizes("serving", batch=batch, max_len=max_len)
+    return [max(1, max_len * (b + 1) // batch) for b in range(batch)]
+
+
+def _serving_config(batch, heads, kv_heads, head_dim, dtype, max_len, page_size, suffix, timer_name) -> dict:
+    config = dict(batch=batch, heads=heads, kv_heads=heads if kv_heads is None else kv_heads,
+                  head_dim=head_dim, dtype=dtype, max_len=max_len, page_size=page_size, suffix=suffix,
+                  timer=timer_name)
+    for key in ("batch", "heads", "kv_heads", "head_dim", "max_len", "page_size", "suffix"):
+        if not _positive_int(config[key]):
+            _fail("serving", key, "a positive int", config[key])
+    if heads % config["kv_heads"]:
+        _fail("serving", "kv_heads", f"a divisor of heads={heads} (GQA)", config["kv_heads"])
+    if dtype not in DTYPES:
+        _fail("serving", "dtype", f"one of {sorted(DTYPES)}", dtype)
+    return config
+
+
+def _ragged_batch(config, dt, device, gen):
+    """The packed batch ``(total, H, d)`` / ``(total, Hkv, d)``, its cu_seqlens, and the same batch
+    right-padded ``(B, H, max_len, d)`` (zeros past each length)."""
+    import torch
+    b, h, hkv, d, n = (config[k] for k in ("batch", "heads", "kv_heads", "head_dim", "max_len"))
+    lens = _ragged_lengths(b, n)
+    total = sum(lens)
+    packed = [torch.randn(total, heads, d, device=device, dtype=dt, generator=gen) for heads in (h, hkv, hkv, h)]
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
+    padded = []
+    for x in packed:                                  # (total, heads, d) -> (B, heads, max_len, d)
+        p = x.new_zeros(b, n, x.shape[1], d)
+        for i, (start, length) in enumerate(zip(cu.tolist(), lens)):
+            p[i, :length] = x[start:start + length]
+        padded.append(p.transpose(1, 2))
+    return lens, packed, cu, padded
+
+
+def _paged_copy(cache, page_size, gen):
+    """A dense cache ``(B, Hkv, Nmax, d)`` (Nmax a multiple of page_size) as pages ``(B · Nmax /
+    page_size, page_size, Hkv, d)`` in shuffled order, and the int32 block table that finds them."""
+    import torch
+    b, hkv, nmax, d = cache.shape
+    per = nmax // page_size
+    order = torch.randperm(b * per, generator=gen, device="cpu").to(cache.device)
+    chunks = cache.transpose(1, 2).reshape(b * per, page_size, hkv, d)      # page i of the ordered layout
+    pages = torch.empty_like(chunks)
+    pages[order] = chunks                                                    # stored at page order[i]
+    return pages, order.view(b, per).to(torch.int32)
+
+
+def serving(*, batch=8, heads=16, kv_heads=None, head_dim=128, dtype="float16", max_len=4096, page_size=16,
+            suffix=256, device="cuda", timer: Callable | None = None, backend="auto") -> dict:
+    """Time the serving rows (:data:`SERVING_ROWS`) on one set of inputs each:
+
+    * a ragged batch of ``batch`` sequences of ``max_len · (b + 1) / B`` tokens (a ramp up to ``max_len``:
+      padding wastes about half the tokens and two thirds of causal attention's work), causal:
+      "varlen" (packed, no padding) against "padded-sdpa" and "padded-flashlib" (right-padded to the
+      longest), the inference call (``ms``) and forward + backward (``train_ms``);
+    * a decode step (one query per sequence) against caches of those lengths: "paged-decode" (pages of
+      ``page_size`` tokens, in shuffled order) against "dense-decode" on the same keys and values;
+    * a decode step of ``batch`` sequences sharing a prompt of ``max_len`` tokens, each with its own
+      ``suffix`` tokens: "cascade" (the prefix attended once for all the queries, the suffixes alone,
+      merged with :func:`flashlib.merge_states`) against "plain-decode" (the prefix copied into every
+      sequence's cache).
+
+    Before timing, each row's output is compared with its baselines' (the real tokens of the padded
+    rows): ``results["checks"]``, the largest absolute difference per pair (paged and dense decode run
+    the same kernel on the same data: 0). A bench that times wrong code measures nothing.
+
+    Returns ``{"environment", "config", "rows": [{"impl", "ms", "train_ms", "why", "work", "unit"}],
+    "checks"}``: times in milliseconds (None with the reason in ``why``: out of memory, SDPA refusing,
+    decoding has no backward), ``work`` what the row moves or computes (FLOPs of causal attention over
+    the tokens it attends, or bytes of K and V a decode step reads). :func:`_serving_ratios` gives the
+    speedups, :func:`_format_serving` the table. ``timer(fn) -> ms`` defaults to
+    ``triton.testing.do_bench`` (median); tests pass another to run the plumbing on a CPU at tiny sizes.
+
+    Explained in: notebooks/10_serving.
+    Tested in: tests/tools/test_bench.py.
+    """
+    import torch
+
+    import flashlib
+    timer_name = DEFAULT_TIMER if timer is None else getattr(timer, "__qualname__", repr(timer))
+    config = _serving_config(batch, heads, kv_heads, head_dim, dtype, max_len, page_size, suffix, timer_name)
+    if timer is None:
+        from triton.testing import do_bench
+        timer = lambda fn: do_bench(fn, return_mode="median")            # noqa: E731
+    env = environment(device)
+    dt, hkv, elem = getattr(torch, dtype), config["kv_heads"], DTYPES[dtype]
+    gen = torch.Generator(device=device).manual_seed(0)
+    cpu_gen = torch.Generator().manual_seed(0)
+    group = heads // hkv
+
+    # ragged prefill: packed vs padded
+    lens, (q, k, v, do), cu, (qp, kp, vp, dop) = _ragged_batch(config, dt, device, gen)
+
+    def varlen(a, b, c):
+        return flashlib.attention_varlen(a, b, c, cu, cu, max_len, max_len, causal=True, backend=backend)
+
+    def padded_flashlib(a, b, c):
+        return flashlib.attention(a, b, c, causal=True, backend=backend)
+
+    def padded_sdpa(a, b, c):
+        return _sdpa(a, b, c, True, gqa=group > 1)
+
+    useful = sum(attention_flops(1, heads, n, n, head_dim, causal=True) for n in lens)
+    padded_work = attention_flops(batch, heads, max_len, max_len, head_dim, causal=True)
+    prefill = {"varlen": (varlen, (q, k, v, do), useful),
+               "padded-flashlib": (padded_flashlib, (qp, kp, vp, dop), padded_work),
+               "padded-sdpa": (padded_sdpa, (qp, kp, vp, dop), padded_work)}
+
+    # decode: paged vs dense, the same keys and values
+    nmax = -(-max_len // page_size) * page_size
+    q1 = torch.randn(batch, heads, 1, head_dim, device=device, dtype=dt, generator=gen)       # (B, H, 1, d)
+    kc, vc = (torch.randn(batch, hkv, nmax, head_dim, device=device, dtype=dt, generator=gen) for _ in "kv")
+    (kpages, table), (vpages, _) = (_paged_copy(x, page_size, cpu_gen.manual_seed(1)) for x in (kc, vc))
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    read = 2.0 * hkv * sum(lens) * head_dim * elem
+    decode = {"paged-decode": (lambda: flashlib.decode(q1, kpages, vpages, cache_seqlens=seqlens,
+                                                       block_table=table, backend=backend), read),
+              "dense-decode": (lambda: flashlib.decode(q1, kc, vc, cache_seqlens=seqlens, backend=backend), read)}
+
+    # cascade: a shared prefix of max_len tokens, suffix tokens of each sequence's own
+    k_pre, v_pre = (torch.randn(1, hkv, max_len, head_dim, device=device, dtype=dt, generator=gen) for _ in "kv")
+    k_suf, v_suf = (torch.randn(batch, hkv, suffix, head_dim, device=device, dtype=dt, generator=gen)
+                    for _ in "kv")
+    k_all, v_all = (torch.cat([pre.expand(batch, -1, -1, -1), suf], dim=2)
+                    for pre, suf in ((k_pre, k_suf), (v_pre, v_suf)))
+
+    def cascade():
+        # every sequence's query as one batch of `batch` queries against the prefix, read once
+        o_pre, lse_pre = flashlib.decode(q1.permute(2, 1, 0, 3), k_pre, v_pre, return_lse=True, backend=backend)
+        o_suf, lse_suf = flashlib.decode(q1, k_suf, v_suf, return_lse=True, backend=backend)
+        # (1, H, B, d) -> (B, H, 1, d), (1, H, B) -> (B, H, 1)
+        return flashlib.merge_states(o_pre.permute(2, 1, 0, 3), lse_pre.permute(2, 1, 0), o_suf, lse_suf)[0]
+
+    decode |= {"cascade": (cascade, 2.0 * hkv * (max_len + batch * suffix) * head_dim * elem),
+               "plain-decode": (lambda: flashlib.decode(q1, k_all, v_all, backend=backend),
+                                2.0 * batch * hkv * (max_len + suffix) * head_dim * elem)}
+
+    checks = _serving_checks(prefill, decode, lens, cu)
+    rows = []
+    for name, (fn, (a, b, c, g), work) in prefill.items():
+        why: dict = {}
+        # SDPA refusing (RuntimeError), or a torch before enable_gqa (TypeError): recorded, not raised
+        refusals = (RuntimeError, TypeError) if name == "padded-sdpa" else ()
+        times = _time_calls({"ms": lambda: timer(lambda: fn(a, b, c)),
+                             "train_ms": lambda: timer(_backward(fn, a, b, c, g))},
+                            contextlib.nullcontext, refusals, why, inference=("ms",))
+        rows.append({"impl": name, **times, "why": why, "work": work, "unit": "FLOP"})
+    for name, (fn, work) in decode.items():
+        why = {"train_ms": SERVING_INFERENCE}
+        times = _time_calls({"ms": lambda: timer(fn), "train_ms": None}, contextlib.nullcontext, (), why,
+                            inference=("ms",))
+        rows.append({"impl": name, **times, "why": why, "work": work, "unit": "byte"})
+    return {"environment": env, "config": config, "rows": rows, "checks": checks}
+
+
+def _serving_checks(prefill, decode, lens, cu) -> dict:
+    """``{"row vs baseline": max |difference|}`` of each pair in :data:`SERVING_PAIRS`, on the real tokens
+    (the padded rows' outputs unpadded to the packed order), computed once without gradients."""
+    import torch
+    with torch.no_grad():
+        out = {}
+        for name, (fn, (a, b, c, _), _) in prefill.items():
+            try:
+                o = fn(a, b, c)
+            except (RuntimeError, TypeError):
+                if name != "padded-sdpa":
+                    raise
+                continue                                    # SDPA refusing: its time says why
+            if name != "varlen":                            # (B, H, max_len, d) -> packed (total, H, d)
+                o = torch.cat([o[i, :, :n].transpose(0, 1) for i, n in enumerate(lens)])
+            out[name] = o.float()
+        out |= {name: fn().float() for name, (fn, _) in decode.items()}
+    return {f"{row} vs {base}": (out[row] - out[base]).abs().max().item()
+            for row, bases in SERVING_PAIRS.items() for base in bases if row in out and base in out}
+
+
+def _serving_ratios(results: dict) -> list[dict]:
+    """The speedups of :func:`serving`'s rows: ``[{"impl", "baseline", "ms", "train_ms"}]`` for each pair of
+    :data:`SERVING_PAIRS`, the baseline's time / the row's (> 1: the row is faster), None where either has
+    no time."""
+    rows = {r["impl"]: r for r in results["rows"]}
+    return [{"impl": impl, "baseline": base,
+             **{t: (rows[base][t] / rows[impl][t] if rows[base][t] and rows[impl][t] else None)
+                for t in SERVING_TIMES}}
+            for impl, bases in SERVING_PAIRS.items() if impl in rows for base in bases if base in rows]
+
+
+def _format_serving(results: dict) -> str:
+    """:func:`serving`'s measurements as text: each row's times and work, the speedups
+    (:func:`_serving_ratios`), the output checks, and why any time is missing."""
+    c = results["config"]
+    lines = [f"serving rows: B={c['batch']} H={c['heads']} Hkv={c['kv_heads']} d={c['head_dim']} {c['dtype']}, "
+             f"lengths {_ragged_lengths(c['batch'], c['max_len'])[0]}..{c['max_len']}, page size {c['page_size']}, "
+             f"cascade prefix {c['max_len']} + suffix {c['suffix']}; times: {c['timer']}",
+             f"{'impl':<16} {'ms':>9} {'train ms':>9} {'work':>14}"]
+
+    def ms(r, t):
+        return "-".rjust(9) if r[t] is None else f"{r[t]:9.3f}"
+    for r in results["rows"]:
+        work = f"{r['work'] / 1e9:8.2f} GFLOP" if r["unit"] == "FLOP" else f"{r['work'] / 1e6:8.2f} MB"
+        lines.append(f"{r['impl']:<16} {ms(r, 'ms')} {ms(r, 'train_ms')} {work:>14}")
+    lines += ["", "speedup (baseline time / row time; > 1: faster)",
+              f"{'impl':<16} {'against':<16} {'ms':>8} {'train':>8}"]
+    for s in _serving_ratios(results):
+        lines.append(f"{s['impl']:<16} {s['baseline']:<16} " + " ".join(
+            "       -" if s[t] is None else f"{s[t]:7.2f}x" for t in SERVING_TIMES))
+    lines += ["", "outputs checked before timing (max |difference|):"]
+    lines += [f"  {pair}: {err:.2e}" for pair, err in results["checks"].items()]
+    missing = [(r["impl"], t, r["why"][t]) for r in results["rows"] for t in SERVING_TIMES if r[t] is None]
+    if missing:
+        lines += ["", "why some times are missing:"]
+        lines += [f"  {impl} {t}: {why}" for impl, t, why in missing]
+    lines += ["", *(f"  {name}: {what}" for name, what in SERVING_ROWS.items())]
+    return "\n".join(lines)
+
+
 def main(args) -> int:
     """``python -m flashlib bench``: measure on the GPU (``--save FILE.json`` keeps the results), or
     say there is none, save nothing, and show the compile report. The options are checked first, on
@@ -1046,6 +1295,11 @@ def main(args) -> int:
         print(f"ms per generated token (tiny Llama, B=4, 2048-token prompt, {args.dtype}): plain SDPA "
               f"{g['sdpa_ms']:.3f}, flashlib.auto {g['auto_ms']:.3f} ({g['decode_calls']} calls to "
               f"flashlib.decode timed)\n{g['goal']}")
+        return 0
+    if getattr(args, "serving", False):
+        results = serving(batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
+                          dtype=args.dtype, max_len=args.max_len, page_size=args.page_size, suffix=args.suffix)
+        print(_format_serving(results))
         return 0
     folder = bool(args.save) and pathlib.Path(args.save).is_dir()     # a folder: result_name() inside
     if args.save:                     # refuse before a long run, not after it
@@ -1105,6 +1359,11 @@ def _check_arguments(args) -> None:
     if args.generate and args.save:
         raise ValueError("argument --save: --generate prints its measurement only (the result files hold "
                          "the sweep); drop --save or --generate")
+    if getattr(args, "serving", False) and args.generate:
+        raise ValueError("argument --serving: --generate and --serving are two separate runs; pick one")
+    if getattr(args, "serving", False) and args.save:
+        raise ValueError("argument --save: --serving prints its measurement only (the result files hold "
+                         "the sweep); drop --save or --serving")
     if args.save:
         save_to = pathlib.Path(args.save)
         if not save_to.is_dir():
@@ -1147,6 +1406,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--generate", action="store_true",
                         help="instead of the sweep: a tiny Llama's time per generated token through "
                              "flashlib.auto against plain SDPA (needs transformers), and its goal")
+    parser.add_argument("--serving", action="store_true",
+                        help="instead of the sweep: the serving rows (flashlib.attention_varlen against padded "
+                             "SDPA, paged against dense decode, cascade against plain decode) at --batch, "
+                             "--heads, --kv-heads, --head-dim, --dtype")
+    parser.add_argument("--max-len", type=_int_option(1), default=4096,
+                        help="--serving: the longest sequence of the ragged batch, and the shared prefix")
+    parser.add_argument("--page-size", type=_int_option(1), default=16,
+                        help="--serving: tokens per page of the paged cache (any size >= 1)")
+    parser.add_argument("--suffix", type=_int_option(1), default=256,
+                        help="--serving: each sequence's own tokens after the shared prefix (cascade)")
     parser.add_argument("--no-small", action="store_true",
                         help=f"skip the small call (B, H, N, d = {SMALL_SHAPE}: host overhead against SDPA)")
     parser.add_argument("--out", default="flashlib-bench.png", help="plot file ('' for none)")

@@ -150,3 +150,26 @@ if not TMA_OK:      # this Triton has no tensor descriptors: the TMA row is refu
         assert [r["n"] for r in rows] == list(NS)
         for r in rows:
             assert r["fwd_ms"] is None and r["why"]["fwd_ms"].startswith(bench.TMA_REFUSED), r
+
+
+def test_the_serving_rows_run_from_the_command_and_check_their_outputs():
+    """``python -m flashlib bench --serving`` on this GPU: every serving row timed (decoding has no
+    backward), and each row's output checked against its baseline's before timing (paged decode bit for
+    bit the dense one)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["--serving", "--batch", "3", "--heads", str(H), "--kv-heads", str(HKV), "--head-dim", str(D),
+            "--max-len", "1000", "--page-size", "3", "--suffix", "37"]
+    r = subprocess.run([sys.executable, "-m", "flashlib", "bench", *args], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "lengths 333..1000, page size 3, cascade prefix 1000 + suffix 37" in r.stdout
+    assert "paged-decode vs dense-decode: 0.00e+00" in r.stdout
+    results = bench.serving(batch=3, heads=H, kv_heads=HKV, head_dim=D, max_len=1000, page_size=3, suffix=37,
+                            timer=lambda fn: bench.host_timer(fn, calls=3, repeats=1))
+    rows = {r["impl"]: r for r in results["rows"]}
+    assert set(rows) == set(bench.SERVING_ROWS)
+    assert all(row["ms"] > 0 for row in rows.values()), {n: row["why"] for n, row in rows.items()}
+    assert all(rows[n]["train_ms"] > 0 for n in ("varlen", "padded-flashlib")), rows["varlen"]["why"]
+    checks = results["checks"]
+    assert checks["paged-decode vs dense-decode"] == 0.0
+    assert max(checks.values()) < 2e-2, checks          # float16 outputs of the same attention

@@ -731,3 +731,122 @@ def test_the_throughput_counts_refuse_bad_arguments_naming_them(call, error, mes
     with pytest.raises(error, match=message):
         call()
     assert bench.attention_flops(np.int64(1), 1, 8, 8, 4, causal=np.bool_(True)) == 4 * 8 * 8 * 4 / 2
+
+
+# ---- the serving rows (issue 25): plumbing on a CPU, with a made-up clock ---------------------------
+def _counting_timer():
+    """A stand-in for do_bench: runs the call once, returns 1, 2, 3... ms (the rows' order), no timing."""
+    seen = []
+
+    def timer(fn):
+        fn()
+        seen.append(len(seen) + 1.0)
+        return seen[-1]
+    return timer
+
+
+SMALL_SERVING = dict(batch=3, heads=4, kv_heads=2, head_dim=16, dtype="float32", max_len=40, page_size=3,
+                     suffix=5, device="cpu", backend="reference")
+
+
+def test_serving_times_every_row_checks_the_outputs_and_counts_the_work():
+    got = bench.serving(**SMALL_SERVING, timer=_counting_timer())
+    assert [r["impl"] for r in got["rows"]] == list(bench.SERVING_ROWS)
+    assert got["config"] == {"batch": 3, "heads": 4, "kv_heads": 2, "head_dim": 16, "dtype": "float32",
+                             "max_len": 40, "page_size": 3, "suffix": 5, "timer": "_counting_timer.<locals>.timer"}
+    assert got["environment"]["device"] == "cpu"
+    rows = {r["impl"]: r for r in got["rows"]}
+    # timed in order: each prefill row's call then its forward + backward, then each decode call
+    assert [(rows[n]["ms"], rows[n]["train_ms"]) for n in ("varlen", "padded-flashlib", "padded-sdpa")] == [
+        (1.0, 2.0), (3.0, 4.0), (5.0, 6.0)]
+    decode = ("paged-decode", "dense-decode", "cascade", "plain-decode")
+    assert [rows[n]["ms"] for n in decode] == [7.0, 8.0, 9.0, 10.0]
+    assert all(rows[n]["train_ms"] is None and rows[n]["why"] == {"train_ms": bench.SERVING_INFERENCE}
+               for n in decode)
+    # the same answers before timing: paged decode bit for bit the dense one
+    assert set(got["checks"]) == {"varlen vs padded-sdpa", "varlen vs padded-flashlib",
+                                  "paged-decode vs dense-decode", "cascade vs plain-decode"}
+    assert got["checks"]["paged-decode vs dense-decode"] == 0.0
+    assert max(got["checks"].values()) < 1e-5, got["checks"]
+    # work: causal FLOPs over the real tokens (13, 26, 40) or the padded ones; K/V bytes read
+    lens = [13, 26, 40]
+    flops = sum(bench.attention_flops(1, 4, n, n, 16, causal=True) for n in lens)
+    assert rows["varlen"]["work"] == flops and rows["varlen"]["unit"] == "FLOP"
+    assert rows["padded-sdpa"]["work"] == rows["padded-flashlib"]["work"] == bench.attention_flops(
+        3, 4, 40, 40, 16, causal=True)
+    assert rows["paged-decode"]["work"] == rows["dense-decode"]["work"] == 2 * 2 * sum(lens) * 16 * 4
+    assert rows["cascade"]["work"] == 2 * 2 * (40 + 3 * 5) * 16 * 4
+    assert rows["plain-decode"]["work"] == 2 * 3 * 2 * (40 + 5) * 16 * 4
+    assert rows["cascade"]["unit"] == "byte"
+    speed = {(s["impl"], s["baseline"]): (s["ms"], s["train_ms"]) for s in bench._serving_ratios(got)}
+    assert speed == {("varlen", "padded-sdpa"): (5.0, 3.0), ("varlen", "padded-flashlib"): (3.0, 2.0),
+                     ("paged-decode", "dense-decode"): (8 / 7, None), ("cascade", "plain-decode"): (10 / 9, None)}
+    text = bench._format_serving(got)
+    assert "varlen           padded-sdpa         5.00x    3.00x" in text
+    assert "paged-decode vs dense-decode: 0.00e+00" in text
+    assert "cascade train_ms: not timed: decoding is inference only" in text
+    assert "lengths 13..40, page size 3, cascade prefix 40 + suffix 5" in text
+
+
+def test_serving_checks_would_notice_a_wrong_row(monkeypatch):
+    """The checks compare real outputs: a decode that ignores its block table is caught."""
+    real = flashlib.decode
+
+    def forgetful(q, k_cache, v_cache, *, block_table=None, **kw):
+        if block_table is not None:                   # read pages in their stored order, not the table's
+            block_table = torch.arange(block_table.numel(), dtype=torch.int32).view(block_table.shape)
+        return real(q, k_cache, v_cache, block_table=block_table, **kw)
+    monkeypatch.setattr(flashlib, "decode", forgetful)
+    got = bench.serving(**SMALL_SERVING, timer=_counting_timer())
+    assert got["checks"]["paged-decode vs dense-decode"] > 0.01
+
+
+def test_serving_refuses_bad_sizes_naming_them():
+    for kwargs, message in ((dict(page_size=0), "serving: page_size must be a positive int, got 0"),
+                            (dict(heads=4, kv_heads=3), r"serving: kv_heads must be a divisor of heads=4"),
+                            (dict(dtype="float64"), "serving: dtype must be one of"),
+                            (dict(suffix=True), "serving: suffix must be a positive int, got True")):
+        with pytest.raises(ValueError, match=message):
+            bench.serving(**{**SMALL_SERVING, **kwargs}, timer=_counting_timer())
+
+
+def test_the_command_runs_the_serving_rows_and_prints_them(monkeypatch, capsys):
+    """--serving reaches serving() with the options (the run itself replaced: the CLI's plumbing only);
+    --save and --generate are refused with it; on a machine without a GPU nothing is timed."""
+    made_up = bench.serving(**SMALL_SERVING, timer=_counting_timer())
+    got = []
+    fake_gpu(monkeypatch)
+    monkeypatch.setattr(bench, "serving", lambda **kw: got.append(kw) or made_up)
+    assert cli_main(["bench", "--serving", "--batch", "3", "--max-len", "40", "--page-size", "3",
+                     "--suffix", "5", "--dtype", "float32"]) == 0
+    assert got[-1] == {"batch": 3, "heads": 16, "kv_heads": None, "head_dim": 128, "dtype": "float32",
+                       "max_len": 40, "page_size": 3, "suffix": 5}
+    out = capsys.readouterr().out
+    assert "speedup (baseline time / row time" in out and "cascade          plain-decode" in out
+    for flags, message in ((["--save", "x.json"], "argument --save: --serving prints"),
+                           (["--generate"], "argument --serving: --generate and --serving")):
+        with pytest.raises(SystemExit) as exited:
+            cli_main(["bench", "--serving", *flags])
+        assert exited.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["bench", "--serving", "--page-size", "0"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("flashlib.tools.compile_report.compile_report", lambda *a, **kw: None)
+    monkeypatch.setattr("flashlib.tools.compile_report.summary", lambda report: "(compile summary)")
+    got.clear()
+    assert cli_main(["bench", "--serving"]) == 0 and got == []
+    assert "No CUDA GPU on this machine: nothing to time" in capsys.readouterr().out
+
+
+def test_serving_records_an_sdpa_refusal_instead_of_a_time(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("No available kernel. Aborting execution.")
+    monkeypatch.setattr(bench, "_sdpa", refuse)
+    got = bench.serving(**SMALL_SERVING, timer=_counting_timer())
+    sdpa = next(r for r in got["rows"] if r["impl"] == "padded-sdpa")
+    assert sdpa["ms"] is None and sdpa["train_ms"] is None
+    assert "No available kernel" in sdpa["why"]["ms"] and "No available kernel" in sdpa["why"]["train_ms"]
+    assert "varlen vs padded-sdpa" not in got["checks"] and "varlen vs padded-flashlib" in got["checks"]
+    speed = {(s["impl"], s["baseline"]): s["ms"] for s in bench._serving_ratios(got)}
+    assert speed[("varlen", "padded-sdpa")] is None
+    assert "padded-sdpa ms: RuntimeError: No available kernel" in bench._format_serving(got)
