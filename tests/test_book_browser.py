@@ -225,7 +225,7 @@ def test_puzzle_solutions_are_hidden_until_asked_for(browser, page):
     assert opened == [True, True], f"{page}: clicking the first solution's summary did not show its code"
 
 
-@pytest.mark.parametrize("page", ["notebooks/02_online_softmax", "notebooks/11_beyond_one_gpu"])
+@pytest.mark.parametrize("page", ["notebooks/02_online_softmax", "notebooks/12_beyond_one_gpu"])
 def test_animations_play_in_the_page_without_a_network(browser, page):
     """The online-softmax and ring-schedule animations are matplotlib's to_jshtml players: their frames are
     embedded, so stepping to the next frame shows a different, loaded image with no network."""

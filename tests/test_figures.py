@@ -79,7 +79,7 @@ def test_the_committed_roadmap_is_what_the_function_draws_now():
 
 def test_roadmap_shows_every_chapter_with_its_short_title_and_idea():
     headings = _chapter_headings()
-    assert [n for n, _ in headings] == list(range(1, 12))
+    assert [n for n, _ in headings] == list(range(1, 13))
     text = _texts(figures.roadmap())
     for number, title in headings:
         assert f"{number}" in text and title.split(":")[0].strip() in text
@@ -292,7 +292,7 @@ def test_animations_refuse_a_bad_frame_rate():
         figures.ring_animation(2, fps="fast")
 
 
-# --- chapter 11: the ring schedule animation ----------------------------------------------------------
+# --- chapter 12: the ring schedule animation ----------------------------------------------------------
 
 @pytest.mark.parametrize("world,layout,causal", [(4, "zigzag", True), (3, "contiguous", True),
                                                  (2, "contiguous", False)])

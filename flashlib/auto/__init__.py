@@ -29,7 +29,7 @@ Hugging Face models run as SDPA calls with one query and ``is_causal=False``.
 :data:`stats` counts the calls: ``"routed"`` every call flashlib computed (by attention or decode),
 ``"decode"`` those of them that went to decode, ``"fallback"`` those the original SDPA computed.
 
-Explained in: notebooks/10_models.
+Explained in: notebooks/11_models.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def route_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
                  enable_gqa=False) -> str | None:
     """``None`` when flashlib can take this SDPA call, else why it falls back to the original.
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/auto/test_auto.py.
     """
     ts = (query, key, value)
@@ -121,7 +121,7 @@ def top_left_causal(q, k, v, scale):
     past Nq are cut off when Nq <= Nk; when Nq > Nk the first Nk queries are a
     square causal problem and the rest see every key.
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/auto/test_auto.py.
     """
     from .. import attention
@@ -162,7 +162,7 @@ def decode_shaped(query, key, value, is_causal=False) -> bool:
       forward does in one launch where decode needs two (split, then
       combine).
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/auto/test_auto.py.
     """
     nq, nk = query.shape[-2], key.shape[-2]
@@ -185,7 +185,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
     :func:`decode_shaped`), else by the original SDPA (counted in
     :data:`stats`).
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/auto/test_auto.py.
     """
     if route_reason(query, key, value, attn_mask, dropout_p, is_causal, scale,
@@ -209,7 +209,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
 def enable() -> None:
     """Route supported SDPA calls to flashlib (idempotent).
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/auto/test_auto.py.
     """
     global _original
@@ -221,7 +221,7 @@ def enable() -> None:
 def disable() -> None:
     """Restore the original ``torch.nn.functional.scaled_dot_product_attention`` object (idempotent).
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/auto/test_auto.py.
     """
     global _original
@@ -233,7 +233,7 @@ def disable() -> None:
 def is_enabled() -> bool:
     """Whether SDPA is currently routed.
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/auto/test_auto.py.
     """
     return _original is not None
@@ -243,7 +243,7 @@ def is_enabled() -> bool:
 def enabled():
     """Route SDPA inside a ``with`` block; the state before the block is restored after it.
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/auto/test_auto.py.
     """
     was = is_enabled()

@@ -50,8 +50,9 @@ CHAPTER_MODULES: dict[int, tuple[str, ...]] = {
     7: ("kernels.triton",),
     8: ("kernels.cuda",),
     9: ("ladder.masks", "ladder.dropout", "hf"),
-    10: ("models", "auto"),
-    11: ("parallel.ring",),
+    10: ("ladder.serving", "serving"),
+    11: ("models", "auto"),
+    12: ("parallel.ring",),
 }
 
 
@@ -159,8 +160,9 @@ CHAPTER_IDEAS: dict[int, str] = {
     7: "the tiles as a GPU kernel",
     8: "threads, warps, tensor cores",
     9: "windows, softcaps, sinks, dropout",
-    10: "train and generate a small GPT",
-    11: "one sequence over many GPUs",
+    10: "ragged batches, paged caches, one merge",
+    11: "train and generate a small GPT",
+    12: "one sequence over many GPUs",
 }
 
 
@@ -501,7 +503,7 @@ def online_softmax_animation(x, *, fps: float = 1.5) -> str:
     return _animate(fig, update, frames, fps)
 
 
-# --- chapter 11: ring attention's schedule ------------------------------------------------------------
+# --- chapter 12: ring attention's schedule ------------------------------------------------------------
 
 def _ring_plan(world: int, layout: str, causal: bool):
     """(rank, step, query chunk a, key chunk b, mode) in the order ``_RingAttention.forward`` meets them."""
@@ -580,7 +582,7 @@ def ring_animation(world: int = 4, layout: str = "zigzag", *, causal: bool = Tru
     it computes (rank's colour; bright: this step, faded: earlier; grey: skipped or not yet).
     ``world`` 2..8 ranks. Returns matplotlib's HTML/JS player.
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/test_figures.py.
     """
     fps = _fps(fps)
@@ -591,3 +593,4 @@ def ring_animation(world: int = 4, layout: str = "zigzag", *, causal: bool = Tru
 from .hardware import fa3_schedule, memory_hierarchy, write_memory_hierarchy  # noqa: E402,F401
 from .partition import warp_partition, backward_dataflow, backward_traffic  # noqa: E402,F401
 from .masks import mask_tiles, tile_counts  # noqa: E402,F401
+from .serving import padding_cost, paged_cache, page_owners, merge_uses  # noqa: E402,F401

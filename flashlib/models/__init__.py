@@ -5,7 +5,7 @@ the attention choice is made (:func:`causal_attention`), the generation cache (:
 by :func:`flashlib.decode`), a character tokenizer, a small public-domain text shipped with the
 package (:func:`load_text`), and the training and sampling loops. Importing this package imports torch.
 
-Explained in: notebooks/10_models.
+Explained in: notebooks/11_models.
 """
 from .gpt import (ATTENTION_CHOICES, GPT, CharTokenizer, GPTConfig, KVCache, causal_attention,
                   generate, get_batch, load_text, texts, train)

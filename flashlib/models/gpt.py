@@ -24,7 +24,7 @@ alone, one query per head against the cached keys and values through :func:`flas
 Also here: :class:`CharTokenizer`, :func:`load_text` (a public-domain text shipped in
 ``flashlib/models/data``), :func:`get_batch`, :func:`train` and :func:`generate`.
 
-Explained in: notebooks/10_models.
+Explained in: notebooks/11_models.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ class GPTConfig:
         ValueError: a size < 1, ``n_embd % n_head != 0``, ``n_head % n_kv_head != 0``, a head dim
             above flashlib's 256, or an unknown ``attention``.
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
     vocab_size: int
@@ -154,7 +154,7 @@ def causal_attention(q, k, v, attention: str = "flashlib"):
             at each call so that :mod:`flashlib.auto` can route it) or
             "naive" (the masked-softmax math).
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
     if attention == "flashlib":
@@ -187,7 +187,7 @@ class CausalSelfAttention(nn.Module):
     :meth:`attend_cached`), k and v are written into it, and one new token attends to the whole cache
     through :func:`flashlib.decode`.
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
 
@@ -241,7 +241,7 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     """``(B, T, C) -> (B, T, 4C) -> GELU -> (B, T, C)``.
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
 
@@ -257,7 +257,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``.  (B, T, C)
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
 
@@ -280,7 +280,7 @@ class GPT(nn.Module):
     ``1 / sqrt(2 n_layer)``) from torch's global generator: seed it (``torch.manual_seed``) before
     building two models that must start equal.
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
 
@@ -395,7 +395,7 @@ class KVCache:
     writes the keys and values of idx's tokens in place at positions ``length, length + 1, ...`` (no
     ``torch.cat`` per token) and advances ``length``; :meth:`reset` empties it.
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
 
@@ -424,7 +424,7 @@ class CharTokenizer:
 
     ``encode(str) -> list[int]``, ``decode(ids) -> str``.
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
 
@@ -463,7 +463,7 @@ class CharTokenizer:
 def texts() -> list[str]:
     """Names of the texts shipped in ``flashlib/models/data`` (for :func:`load_text`).
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
     folder = resources.files("flashlib.models").joinpath("data")
@@ -476,7 +476,7 @@ def load_text(name: str = "alice") -> str:
     The file's leading ``#`` lines (title, source, why it is public domain) and the blank line after
     them are dropped; the text itself is returned unchanged. ``name`` is one of :func:`texts`.
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
     if not isinstance(name, str):
@@ -506,7 +506,7 @@ def get_batch(data, batch_size: int, seq_len: int, *, generator=None, device=Non
         generator: a :class:`torch.Generator` for the window starts (None: torch's global one).
         device: where to put x and y (None: data's device).
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
     data = _check_tokens(data, "data")
@@ -537,7 +537,7 @@ def train(model, data, steps: int, batch_size: int, seq_len: int,
         ``list[float]``, the training loss of each step (before that step's
         update).
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
     if not isinstance(model, GPT):
@@ -605,7 +605,7 @@ def generate(model, idx, max_new_tokens: int, *, temperature: float = 1.0,
 
     The model's train/eval mode is restored.
 
-    Explained in: notebooks/10_models.
+    Explained in: notebooks/11_models.
     Tested in: tests/models/test_gpt.py.
     """
     if not isinstance(model, GPT):

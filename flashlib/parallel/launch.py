@@ -5,7 +5,7 @@ This is how a notebook or a test runs a distributed algorithm — ring attention
 (with NCCL). :func:`run_local` starts the processes ("spawn"), collects each rank's result and, when
 a rank raises, dies or hangs, stops the others and reports that rank, with its traceback.
 
-Explained in: notebooks/11_beyond_one_gpu.
+Explained in: notebooks/12_beyond_one_gpu.
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def run_local(fn, world, *args, timeout=60, **kwargs) -> list:
             reporting (its exit code); the other ranks are stopped rather than left waiting.
         TimeoutError: some rank had not finished after ``timeout`` seconds (all are stopped).
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/parallel/test_launch.py.
     """
     import multiprocessing

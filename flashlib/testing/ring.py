@@ -5,7 +5,7 @@ by :func:`flashlib.parallel.launch.run_local`): ring attention and its backward 
 against :func:`flashlib.attention` on the whole sequence in this one process, the float64 oracle and
 plain PyTorch in the same dtype — and it counts the blocks the ring hands to the attention backend.
 
-Explained in: notebooks/11_beyond_one_gpu.
+Explained in: notebooks/12_beyond_one_gpu.
 """
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def check_against_single_process(rank, world, causal, layout, *, batch=2,
     ``"blocks"`` (``{"forward", "backward"}``: the blocks this rank handed to
     the attention backend, counted while the ring ran).
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/testing/test_testing_ring.py.
     """
     rank, world, causal = _check_case(rank, world, causal, layout, batch,
@@ -169,7 +169,7 @@ def check_cases(rank, world, cases) -> list:
     """:func:`check_against_single_process` for each dict of keyword arguments in ``cases`` (each
     with ``causal`` and ``layout``), in one process group; returns the list of its results.
 
-    Explained in: notebooks/11_beyond_one_gpu.
+    Explained in: notebooks/12_beyond_one_gpu.
     Tested in: tests/testing/test_testing_ring.py.
     """
     if isinstance(cases, (str, dict)) or not hasattr(cases, "__iter__"):

@@ -19,6 +19,7 @@ from hypothesis.extra import numpy as hnp  # noqa: E402
 from flashlib import puzzles  # noqa: E402
 from flashlib.puzzles import Puzzle, Result, check, get, solutions  # noqa: E402
 from flashlib.puzzles.core import mismatch  # noqa: E402
+from test_serving_puzzles import WRONG as SERVING_WRONG  # noqa: E402
 from test_variant_puzzles import WRONG as VARIANT_WRONG  # noqa: E402
 
 NUMPY_PUZZLES = [p for p in puzzles.PUZZLES.values() if p.chapter != "notebooks/07_triton"]
@@ -180,7 +181,7 @@ WRONG = [
     ("combine_splits", lambda o, lse: (o.mean(axis=0), lse.max(axis=0)), "max error"),
 ]
 # chapter 9's wrong solutions live beside its puzzles' own tests
-WRONG += VARIANT_WRONG
+WRONG += VARIANT_WRONG + SERVING_WRONG
 
 
 @pytest.mark.parametrize("puzzle", NUMPY_PUZZLES, ids=lambda p: p.name)
@@ -309,7 +310,8 @@ def _cells(chapter):
 
 def test_chapters_one_to_seven_have_two_to_four_puzzles_each():
     assert CHAPTERS == [f"notebooks/{p.stem}" for p in sorted((ROOT / "notebooks").glob("0[1-7]_*.ipynb"))
-                        + sorted((ROOT / "notebooks").glob("09_*.ipynb"))]
+                        + sorted((ROOT / "notebooks").glob("09_*.ipynb"))
+                        + sorted((ROOT / "notebooks").glob("10_*.ipynb"))]
     for chapter in CHAPTERS:
         assert 2 <= len([p for p in puzzles.PUZZLES.values() if p.chapter == chapter]) <= 4, chapter
 
