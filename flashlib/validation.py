@@ -477,8 +477,7 @@ def check_new_tokens(k, v, q, k_cache, paged: bool):
             raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {x.dtype}")
         if x.device != q.device:
             raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
-        heads = x.shape[2] if paged else x.shape[1] if x.dim() == 4 else None
-        if x.dim() != 4 or x.shape[0] != q.shape[0] or heads != hkv or x.shape[3] != d:
+        if x.dim() != 4 or x.shape[0] != q.shape[0] or x.shape[2 if paged else 1] != hkv or x.shape[3] != d:
             raise ValueError(f"{name} must have shape {layout} with B={q.shape[0]}, Hkv={hkv}, "
                              f"d={d}, got {tuple(x.shape)}")
     if v.shape != k.shape:

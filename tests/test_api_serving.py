@@ -258,6 +258,8 @@ def _paged_args(args, page_size=8):
     (lambda a: dict(cache_seqlens=torch.tensor([0, 7, 38], dtype=torch.int32)), ValueError,
      "appended tokens past the cache's capacity \\(40 tokens per sequence\\): sequence 2 would hold 41"),
     (lambda a: dict(k=a["k"].transpose(1, 2)), ValueError, "k must have shape \\(B, Hkv, Nnew, d\\) for a dense"),
+    (lambda a: dict(k=a["k"][0, 0]), ValueError, "k must have shape \\(B, Hkv, Nnew, d\\) for a dense"),
+    (lambda a: {**_paged_args(a), "v": a["v"][0, 0]}, ValueError, "v must have shape \\(B, Nnew, Hkv, d\\) for a paged"),
     (lambda a: {**_paged_args(a), "k": a["k"]}, ValueError, "k must have shape \\(B, Nnew, Hkv, d\\) for a paged"),
     (lambda a: {**_paged_args(a), "block_table": _paged_args(a)["block_table"].long()}, TypeError,
      "block_table must have dtype torch.int32"),

@@ -11,20 +11,11 @@ Explained in: notebooks/10_serving.
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 
+from ..validation import check_int
+
 __all__ = ["PageAllocator", "PagedKVCache"]
-
-
-def _check_int(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, "
-                        f"got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return int(value)
 
 
 class PageAllocator:
@@ -40,7 +31,7 @@ class PageAllocator:
     """
 
     def __init__(self, num_pages: int):
-        self.num_pages = _check_int(num_pages, "num_pages")
+        self.num_pages = check_int(num_pages, "num_pages", 1)
         # a stack: the lowest page numbers go out first
         self.free_list = list(range(self.num_pages - 1, -1, -1))
         self.refs = [0] * self.num_pages
@@ -56,7 +47,7 @@ class PageAllocator:
 
     def alloc(self, n: int) -> list[int]:
         """``n`` free pages, each with one user (MemoryError if too few)."""
-        n = _check_int(n, "n", minimum=0)
+        n = check_int(n, "n", 0)
         if n > self.num_free:
             raise MemoryError(f"asked for {n} pages, {self.num_free} free "
                               f"of {self.num_pages}")
@@ -103,11 +94,11 @@ class PagedKVCache:
     def __init__(self, n_layer: int, num_pages: int, page_size: int,
                  n_kv_head: int, head_dim: int, *,
                  dtype=torch.float32, device="cpu"):
-        shape = (_check_int(n_layer, "n_layer"),
-                 _check_int(num_pages, "num_pages"),
-                 _check_int(page_size, "page_size"),
-                 _check_int(n_kv_head, "n_kv_head"),
-                 _check_int(head_dim, "head_dim"))
+        shape = (check_int(n_layer, "n_layer", 1),
+                 check_int(num_pages, "num_pages", 1),
+                 check_int(page_size, "page_size", 1),
+                 check_int(n_kv_head, "n_kv_head", 1),
+                 check_int(head_dim, "head_dim", 1))
         self.page_size = page_size
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)

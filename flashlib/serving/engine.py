@@ -31,7 +31,8 @@ import torch
 import flashlib
 
 from ..models.gpt import GPT
-from .cache import PagedKVCache, _check_int
+from ..validation import check_int
+from .cache import PagedKVCache
 
 __all__ = ["Request", "MemoryReport", "Engine", "generate"]
 
@@ -72,13 +73,13 @@ class Request:
                 and t >= 0 for t in self.prompt):
             raise ValueError("prompt must hold at least one token id "
                              "(ints >= 0)")
-        self.max_new_tokens = _check_int(self.max_new_tokens,
-                                         "max_new_tokens")
-        self.prefix = _check_int(self.prefix, "prefix", minimum=0)
+        self.max_new_tokens = check_int(self.max_new_tokens,
+                                         "max_new_tokens", 1)
+        self.prefix = check_int(self.prefix, "prefix", 0)
         if self.prefix >= len(self.prompt):
             raise ValueError(f"prefix must be shorter than the prompt "
                              f"({len(self.prompt)}), got {self.prefix}")
-        self.arrival = _check_int(self.arrival, "arrival", minimum=0)
+        self.arrival = check_int(self.arrival, "arrival", 0)
 
     @property
     def done(self) -> bool:
@@ -188,7 +189,7 @@ class Engine:
         self.model = model
         self.cache = PagedKVCache.for_model(model, num_pages, page_size)
         self.max_batch = (None if max_batch is None
-                          else _check_int(max_batch, "max_batch"))
+                          else check_int(max_batch, "max_batch", 1))
         if not isinstance(cascade, bool):
             raise TypeError(f"cascade must be a bool, "
                             f"got {type(cascade).__name__}")
@@ -474,7 +475,7 @@ class Engine:
         c = self.cache
         if max_len is None:
             max_len = self.model.config.block_size
-        max_len = _check_int(max_len, "max_len")
+        max_len = check_int(max_len, "max_len", 1)
         peak = c.allocator.peak
         return MemoryReport(
             c.page_size, c.page_bytes, c.token_bytes, peak,
@@ -505,6 +506,7 @@ def generate(model, prompts, max_new_tokens, *, prefix=0, arrivals=None,
                              f"per prompt), got {len(x)}")
         return list(x)
 
+    page_size = check_int(page_size, "page_size", 1)
     reqs = [Request(p, m, f, a) for p, m, f, a in zip(
         prompts, each(max_new_tokens, "max_new_tokens"),
         each(prefix, "prefix"), each(arrivals or 0, "arrivals"))]

@@ -299,7 +299,8 @@ def reference_gqa(q, k, v, *, causal=False, scale=None, do=None, **variants):
 
 
 def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, do=None,
-                     alibi_slopes=None, dropout_masks=None, **variants):
+                     alibi_slopes=None, dropout_masks=None, dropout_seed=None, max_seqlens=None,
+                     **variants):
     """The float64 oracle for a ragged batch (:func:`flashlib.attention_varlen`'s layout): q
     ``(total_q, H, d)``, k, v ``(total_k, Hkv, d)``, sequence b = rows ``cu[b]:cu[b+1]``, each
     attended alone by :func:`reference_gqa` (masks bottom-right per sequence).
@@ -307,8 +308,10 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale
     Returns NumPy float64 ``(o (total_q, H, d), lse (H, total_q))``, or with ``do`` also
     ``(dq, dk, dv)`` shaped like q, k, v (and ``dsinks (H,)`` with sinks). A sequence with queries
     but no key outputs 0 with ``lse = -inf`` (or the sink) and gradients 0. ``alibi_slopes``:
-    ``(H,)`` or ``(B, H)``; ``dropout_masks``: one ``(H, nq_b, nk_b)`` keep mask per sequence (with
-    ``dropout_p``); the other variants as :func:`reference`.
+    ``(H,)`` or ``(B, H)``; with ``dropout_p``, ``dropout_masks`` (one ``(H, nq_b, nk_b)`` keep mask
+    per sequence) or ``dropout_seed=(seed, offset)``, which draws them as every backend does: sequence
+    b's own dense counters from ``offset + b·H·max_q·max_k`` (``max_seqlens=(max_q, max_k)``, default
+    the longest lengths); the other variants as :func:`reference`.
     Explained in: notebooks/10_serving.
 
     Tested in: tests/test_api_serving.py.
@@ -320,6 +323,12 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale
     o, lse = np.zeros(q.shape[:2] + v.shape[2:]), np.full((H, q.shape[0]), -np.inf)
     grads = [np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape), np.zeros(H)]
     sinks = variants.get("sinks")
+    if dropout_masks is None and dropout_seed is not None and variants.get("dropout_p"):
+        from ..ladder.dropout import keep_mask
+        mq, mk = max_seqlens or (int(np.diff(cq).max()), int(np.diff(ck).max()))
+        seed, offset = dropout_seed
+        dropout_masks = [keep_mask(seed, offset + b * H * mq * mk, (H, cq[b + 1] - cq[b], ck[b + 1] - ck[b]),
+                                   variants["dropout_p"]) for b in range(B)]
     for b in range(B):
         rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
         if cq[b + 1] == cq[b]:

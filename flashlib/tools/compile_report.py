@@ -118,6 +118,19 @@ def triton_specs() -> tuple:
             decode.SPLIT_SPEC, decode.COMBINE_SPEC)
 
 
+def compile_specs() -> tuple:
+    """Every KernelSpec a compile job may name: the report's (:func:`triton_specs`) and the kernels
+    compiled only when a job asks for them (their own tests do): the ragged backward's dK/dV and dQ
+    (VARLEN fixed on, their own grids) and decode's append kernel. The child process looks a job's
+    spec up here, so any of them compiles through :func:`_rows_of` and its cache.
+
+    Explained in: notebooks/appendix_verification.
+    Tested in: tests/kernels/triton/test_triton_varlen_bwd.py.
+    """
+    from ..kernels.triton import decode_v3, fa2_bwd_v2
+    return (*triton_specs(), fa2_bwd_v2.DKDV_VARLEN_SPEC, fa2_bwd_v2.DQ_VARLEN_SPEC, decode_v3.APPEND_SPEC)
+
+
 def _is_tma(spec) -> bool:
     """The kernels through tensor descriptors (tl.make_tensor_descriptor: triton >= 3.4)."""
     return spec.name.endswith("_tma")
@@ -712,7 +725,7 @@ def _child_main() -> None:
     namespace = type(make_backend(GPUTarget("cuda", 80, 32))).make_cubin.__globals__
     logs = _PtxasLogs(namespace["subprocess"])
     namespace["subprocess"] = logs                      # catch ptxas -v (see _PtxasLogs)
-    specs = {s.name: s for s in triton_specs()}
+    specs = {s.name: s for s in compile_specs()}
     for job in json.loads(sys.stdin.read()):
         print(_MARKER + json.dumps(_compile_job(job, specs, logs)), flush=True)
 

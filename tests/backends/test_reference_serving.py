@@ -1,5 +1,5 @@
 """The reference backend's serving functions (issue 25): forward_varlen and backward_varlen against the
-float64 oracle looped over sequences (empty sequences, length 1, lengths no block divides, Nq != Nk both
+float64 oracle flashlib.testing.reference_varlen (empty sequences, length 1, lengths no block divides, Nq != Nk both
 ways, GQA, every variant, dropout's per-sequence counters), a float64 gradcheck of the varlen backward,
 and decode with a block table: paged caches (page sizes 1, 3, 16, 256, shuffled and shared tables,
 garbage past the length) give bit for bit what the dense path gives on the same data."""
@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from flashlib.backends import reference as R
-from flashlib.ladder.dropout import keep_mask
-from flashlib.testing import assert_close, reference, reference_backward
+from flashlib.testing import assert_close, reference, reference_varlen
 
 SEED = (2**40 + 12345, 2**33 + 7)          # dropout's (seed, offset), both past 32 bits
 TOL = dict(atol=1e-10, rtol=1e-10)
@@ -61,46 +60,6 @@ def backend_variants(spec, B, H, seed=0):
     return kw
 
 
-def varlen_oracle(q, k, v, do, cu_q, cu_k, max_q, max_k, *, causal=False, scale=None, **variants):
-    """The float64 oracle looped over the sequences: ``(o (Tq, H, dv), lse (H, Tq), (dq, dk, dv[,
-    dsinks]))``. Sequence b: flashlib.testing.reference on its (H, nq_b, nk_b) problem, GQA expanded,
-    ALiBi row b, dropout's keep mask from offset ``offset + b * H * max_q * max_k`` (V25.md)."""
-    q, k, v, do = (x.detach().double().numpy() for x in (q, k, v, do))
-    cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
-    H, group = q.shape[1], q.shape[1] // k.shape[1]
-    o, lse = np.zeros(do.shape), np.full((H, q.shape[0]), -np.inf)
-    dq, dk, dv, dsinks = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape), np.zeros(H)
-    sinks = variants.get("sinks")
-    for b in range(len(cu_q) - 1):
-        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
-        nq, nk = rows.stop - rows.start, keys.stop - keys.start
-        if nq == 0:
-            continue
-        if nk == 0:
-            lse[:, rows] = -np.inf if sinks is None else sinks.double().numpy()[:, None]
-            continue
-        kw = {n: variants[n] for n in ("window_size", "softcap") if n in variants}
-        if "alibi_slopes" in variants:
-            kw["alibi_slopes"] = variants["alibi_slopes"][b].double().numpy()
-        if sinks is not None:
-            kw["sinks"] = sinks.double().numpy()
-        if variants.get("dropout_p"):
-            seed, offset = variants["dropout_seed"]
-            kw["dropout_p"] = variants["dropout_p"]
-            kw["dropout_mask"] = keep_mask(seed, offset + b * H * max_q * max_k, (H, nq, nk),
-                                           variants["dropout_p"])
-        q_b, do_b = q[rows].swapaxes(0, 1), do[rows].swapaxes(0, 1)
-        k_b, v_b = (np.repeat(x[keys].swapaxes(0, 1), group, axis=0) for x in (k, v))
-        o_b, lse_b = reference(q_b, k_b, v_b, causal=causal, scale=scale, **kw)
-        o[rows], lse[:, rows] = o_b.swapaxes(0, 1), lse_b
-        dq_b, dk_b, dv_b, *ds = reference_backward(q_b, k_b, v_b, do_b, causal=causal, scale=scale, **kw)
-        dq[rows] = dq_b.swapaxes(0, 1)
-        dk[keys] = dk_b.reshape(k.shape[1], group, nk, -1).sum(1).swapaxes(0, 1)
-        dv[keys] = dv_b.reshape(k.shape[1], group, nk, -1).sum(1).swapaxes(0, 1)
-        dsinks += ds[0] if ds else 0.0
-    return o, lse, (dq, dk, dv) + ((dsinks,) if sinks is not None else ())
-
-
 def run_case(lens_q, lens_k, spec, *, H=4, HKV=2, d=8, dv=None, extra_max=(0, 0), seed=0):
     q, k, v, do, cu_q, cu_k = make_varlen(lens_q, lens_k, H, HKV, d, dv, seed=seed)
     causal = spec.get("causal", False)
@@ -110,8 +69,8 @@ def run_case(lens_q, lens_k, spec, *, H=4, HKV=2, d=8, dv=None, extra_max=(0, 0)
     o, lse = R.forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, scale=scale, **kw)
     grads = R.backward_varlen(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k, causal=causal, scale=scale,
                               **kw)
-    o_ref, lse_ref, grads_ref = varlen_oracle(q, k, v, do, cu_q, cu_k, max_q, max_k, causal=causal,
-                                              scale=scale, **kw)
+    o_ref, lse_ref, grads_ref = reference_varlen(q, k, v, cu_q, cu_k, causal=causal, scale=scale, do=do,
+                                                 max_seqlens=(max_q, max_k), **kw)
     assert o.shape == q.shape[:2] + (v.shape[-1],) and lse.shape == (H, q.shape[0])
     assert o.dtype == torch.float64 and lse.dtype == torch.float64
     assert_close(o, o_ref, name="o", **TOL)
@@ -311,20 +270,3 @@ def test_paged_decode_keeps_float32_and_the_dense_path_is_unchanged():
     assert o.dtype == torch.float32 and lse.dtype == torch.float32
     o_dense, lse_dense = R.decode(q, k, v, lens, num_splits=2, scale=0.3)
     assert torch.equal(o, o_dense) and torch.equal(lse, lse_dense)
-
-
-def test_this_files_oracle_is_flashlib_testing_reference_varlen():
-    """The loop above (dropout counters from V25.md's rule) agrees with the shared oracle given the same
-    keep masks."""
-    from flashlib.testing import reference_varlen
-    lens_q, lens_k = LENGTHS["ragged"]
-    q, k, v, do, cu_q, cu_k = make_varlen(lens_q, lens_k)
-    kw = backend_variants(VARIANTS["all"], len(lens_q), 4)
-    max_q, max_k = max(lens_q), max(lens_k)
-    mine = varlen_oracle(q, k, v, do, cu_q, cu_k, max_q, max_k, causal=True, scale=0.3, **kw)
-    seed, offset = kw.pop("dropout_seed")
-    masks = [keep_mask(seed, offset + b * 4 * max_q * max_k, (4, nq, nk), kw["dropout_p"])
-             for b, (nq, nk) in enumerate(zip(lens_q, lens_k))]
-    shared = reference_varlen(q, k, v, cu_q, cu_k, causal=True, scale=0.3, do=do, dropout_masks=masks, **kw)
-    for a, b in zip(mine[:2] + mine[2], shared[:2] + shared[2]):
-        assert_close(a, b, atol=1e-12, rtol=1e-12)

@@ -264,3 +264,5 @@ def test_bad_input():
         Engine(model, num_pages=2, max_batch=0)
     with pytest.raises(ValueError, match="prefix must be an int or 2 ints"):
         serve(model, [[1], [2]], 2, prefix=[0])
+    with pytest.raises(TypeError, match="page_size must be an int, got float"):
+        serve(model, [[1], [2]], 2, page_size=2.5)

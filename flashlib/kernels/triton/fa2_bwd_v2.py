@@ -115,14 +115,19 @@ def _row_slopes(ptr, BLOCK_M: tl.constexpr, ALIBI: tl.constexpr):
 
 
 @triton.jit
-def _dropout_counters(seed_lo, seed_hi, drop_lo, drop_hi, bh, NQ, NK,
-                      DROPOUT: tl.constexpr):
+def _dropout_counters(seed_lo, seed_hi, drop_lo, drop_hi, b, h, H, NQ, NK,
+                      nq, nk, DROPOUT: tl.constexpr, VARLEN: tl.constexpr):
     """Dropout: ``(seed, base)`` for kit.dropout_keep, both 64-bit, the
-    counters of head ``bh`` = b·H + h starting at offset + bh·Nq·Nk (the
-    forward's, flashlib.ladder.dropout); ``(0, 0)`` (unused) without."""
+    forward's counters (flashlib.ladder.dropout) of head h of sequence b:
+    from offset + (b·H + h)·Nq·Nk; VARLEN: sequence b's own (1, H, nq, nk)
+    problem from offset + b·H·NQ·NK (NQ, NK: the max_seqlens). ``(0, 0)``
+    (unused) without dropout."""
     if DROPOUT:
         seed = kit.join64(seed_lo, seed_hi)
-        base = kit.join64(drop_lo, drop_hi) + bh * NQ * NK
+        if VARLEN:
+            base = kit.join64(drop_lo, drop_hi) + b * H * NQ * NK + h * nq * nk
+        else:
+            base = kit.join64(drop_lo, drop_hi) + (b * H + h) * NQ * NK
     else:
         seed = 0
         base = 0
@@ -198,15 +203,9 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
     # The variants' per-head values, walked with the head as the pointers
     # are (unused, and compiled out, where their constexpr is off).
     slopes_ptr = SLOPES + b * H + h       # ALiBi: the head's slope
-    if VARLEN:    # sequence b's counters: offset + b·H·NQ·NK + h·nq·nk
-        seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo,
-                                            drop_hi, b * H, NQ, NK, DROPOUT)
-        if DROPOUT:
-            drop_base += h * nq * nk
-    else:
-        seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo,
-                                            drop_hi, b * H + h, NQ, NK,
-                                            DROPOUT)
+    seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo, drop_hi,
+                                        b, h, H, NQ, NK, nq, nk, DROPOUT,
+                                        VARLEN)
     for g in range(0, GROUP):       # GQA: every query head reading kv head hk
         slopes2 = _row_slopes(slopes_ptr, BLOCK_M, ALIBI)
         for start_m in range(lo, hi, BLOCK_M):   # line 8: the query blocks i
@@ -311,15 +310,9 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES, CU_Q, CU_K,
     # The variants (constexprs, off by default: the dense kernel compiles
     # as without them): this head's ALiBi slope and dropout counters.
     slopes2 = _row_slopes(SLOPES + b * H + h, BLOCK_M, ALIBI)
-    if VARLEN:    # sequence b's counters: offset + b·H·NQ·NK + h·nq·nk
-        seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo,
-                                            drop_hi, b * H, NQ, NK, DROPOUT)
-        if DROPOUT:
-            drop_base += h * nq * nk
-    else:
-        seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo,
-                                            drop_hi, b * H + h, NQ, NK,
-                                            DROPOUT)
+    seed, drop_base = _dropout_counters(seed_lo, seed_hi, drop_lo, drop_hi,
+                                        b, h, H, NQ, NK, nq, nk, DROPOUT,
+                                        VARLEN)
     if WINDOW:
         # the band's key blocks, as the forward's: [lo, hi) seen, those
         # outside [lo_full, hi_full) in part (masked), the rest never loaded

@@ -90,7 +90,8 @@ def _bwd_dkdv_tma(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES,
     # the variants' per-head values, walked as version 2 walks them
     slopes_ptr = SLOPES + b * H + h
     seed, drop_base = fa2_bwd_v2._dropout_counters(
-        seed_lo, seed_hi, drop_lo, drop_hi, b * H + h, NQ, NK, DROPOUT)
+        seed_lo, seed_hi, drop_lo, drop_hi, b, h, H, NQ, NK, NQ, NK, DROPOUT,
+        False)
     for g in range(0, GROUP):       # GQA: every query head reading kv head hk
         slopes2 = fa2_bwd_v2._row_slopes(slopes_ptr, BLOCK_M, ALIBI)
         # descriptors of the head's Q and dO (NQ, D), in (BLOCK_M, BLOCK_D)

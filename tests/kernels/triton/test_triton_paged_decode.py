@@ -14,16 +14,11 @@ compile report's machinery, cached).
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-
 import numpy as np
 import pytest
 import torch
-from conftest import DEVICE, ROOT, require_module, require_tool
+from conftest import DEVICE, require_module, require_tool
+from test_triton_variants_decode import make_variants as _variants
 from triton_cases import make_qkv
 
 from flashlib.kernels.triton import decode_v3
@@ -151,20 +146,6 @@ def test_causal_among_several_new_tokens(page_size):
     q, kc, vc, _ = make_qkv(4, 4, 2, 3, 48, 16, seed=3, device=DEVICE)
     lens = lengths(1, 2, 17, 48)
     assert_paged_right(q, kc, vc, lens, page_size, 2, {"window_size": (-1, 0)}, causal=True)
-
-
-def _variants(B, H, *, window=(-1, -1), softcap=0.0, alibi=False, sinks=False, seed=0):
-    g = torch.Generator().manual_seed(3000 + seed)
-    kw = {}
-    if tuple(window) != (-1, -1):
-        kw["window_size"] = tuple(window)
-    if softcap:
-        kw["softcap"] = float(softcap)
-    if alibi:
-        kw["alibi_slopes"] = (torch.rand(B, H, generator=g) * 0.5 + 0.05).to(DEVICE)
-    if sinks:
-        kw["sinks"] = torch.randn(H, generator=g).to(DEVICE)
-    return kw
 
 
 VARIANTS = {
@@ -358,34 +339,10 @@ def test_append_half_precision_and_no_new_tokens():
 
 # --------------------------------------------------------------------------------------------- compile
 
-_CHILD = ("import flashlib.tools.compile_report as c\n"
-          "from flashlib.kernels.triton import decode_v3 as d\n"
-          "specs = c.triton_specs\n"
-          "c.triton_specs = lambda: tuple(specs()) + ((d.APPEND_SPEC,) if d.APPEND_SPEC not in specs() else ())\n"
-          "c._child_main()\n")
-
-
-def _run_child_with_append(version, jobs):
-    """compile_report._run_child for the installed Triton, whose child also knows APPEND_SPEC (until the
-    report lists it)."""
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_ALWAYS_COMPILE="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]]
-                                                         if os.environ.get("PYTHONPATH") else [])))
-    env.pop("TRITON_DUMP_PTXAS_LOG", None)
-    with tempfile.TemporaryDirectory(prefix="flashlib-paged-") as tmp:
-        env["TRITON_CACHE_DIR"] = tmp
-        proc = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(jobs), capture_output=True,
-                              text=True, env=env, cwd=tmp)
-    marker = "FLASHLIB-REPORT-ROW:"
-    rows = [json.loads(ln[len(marker):]) for ln in proc.stdout.splitlines() if ln.startswith(marker)]
-    assert len(rows) == len(jobs), proc.stderr[-3000:]
-    return rows
-
-
 ARCHS = ("sm_75", "sm_80", "sm_90")
 
 
-def test_paged_split_and_append_compile_for_sm75_sm80_sm90(monkeypatch):
+def test_paged_split_and_append_compile_for_sm75_sm80_sm90():
     """The PAGED split kernel (as the report compiles the dense one: fp16, d = 128, 4 query heads per kv
     head, one new token) and the paged append kernel compile on each architecture with no spills."""
     require_module("triton")
@@ -405,8 +362,6 @@ def test_paged_split_and_append_compile_for_sm75_sm80_sm90(monkeypatch):
         job["constexprs"]["PAGED"] = True
         job["label"] += " paged"
         jobs.append(job)
-    if decode_v3.APPEND_SPEC not in cr.triton_specs():
-        monkeypatch.setattr(cr, "_run_child", _run_child_with_append)
     rows = cr._rows_of(jobs)
     print("\n" + cr.format_report(rows))
     for row in rows:

@@ -17,17 +17,11 @@ by source hash).
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-import subprocess
-import sys
-import tempfile
-
 import numpy as np
 import pytest
 import torch
 from conftest import DEVICE, need_module, require_module, require_tool
+from test_triton_variants_bwd import ALONE as VARIANTS
 from triton_cases import VARIANT_SEED as SEED
 
 need_module("hypothesis")  # skip the module, saying why, where hypothesis is missing
@@ -148,15 +142,6 @@ def test_property_random_ragged_batches_match_the_oracle(lengths, d, causal, hea
     check_fp32(q, k, v, do, lq, lk, causal, window=window)
 
 
-VARIANTS = {
-    "window": dict(window=(5, 3)),
-    "window-left": dict(window=(4, -1)),
-    "window-right": dict(window=(-1, 2)),
-    "softcap": dict(softcap=1.5),
-    "alibi": dict(alibi=True),
-    "sinks": dict(sinks=True),
-    "dropout": dict(dropout_p=0.3),
-}
 COMBINED = dict(window=(6, 2), softcap=2.0, alibi=True, sinks=True, dropout_p=0.25)
 
 
@@ -297,60 +282,24 @@ def test_bad_cu_seqlens_read_nothing_out_of_bounds():
 
 # The VARLEN kernels as their specs launch them, plain and with every variant flag on.
 _VARIANT_FLAGS = dict(WINDOW=True, SOFTCAP=True, ALIBI=True, DROPOUT=True)
-_CHILD = """
-import sys
-import dataclasses
-from flashlib.tools import compile_report as cr
-from flashlib.kernels.triton import fa2_bwd_v2 as bw
-extra = [bw.DKDV_VARLEN_SPEC, bw.DQ_VARLEN_SPEC]
-extra += [dataclasses.replace(s, name=s.name + "_variants", constants={**s.constants, **%r}) for s in extra]
-base = cr.triton_specs
-cr.triton_specs = lambda: base() + tuple(extra)
-cr._child_main()
-""" % (_VARIANT_FLAGS,)
-
-
-def varlen_specs():
-    specs = [fa2_bwd_v2.DKDV_VARLEN_SPEC, fa2_bwd_v2.DQ_VARLEN_SPEC]
-    return specs + [dataclasses.replace(s, name=s.name + "_variants",
-                                        constants={**s.constants, **_VARIANT_FLAGS}) for s in specs]
-
-
 def varlen_rows(archs=("sm_75", "sm_80", "sm_90"), dtype="fp16", triton=None):
     """The compile report's rows (flashlib.tools.compile_report) of the VARLEN kernels, plain and with
-    every variant, at d = 128 causal with the config each arch's table picks, compiled in a child
-    process with the installed Triton or ``triton`` (e.g. "3.2.0"; the report's own child, told of
-    these specs) and cached on disk by the sources' hash, as the report caches its rows."""
-    from flashlib.tools import compile_report as cr, toolchain, triton_versions
+    every variant, at d = 128 causal with the config each arch's table picks, compiled with the
+    installed Triton or ``triton`` (e.g. "3.2.0") through the report's own children and disk cache
+    (compile_report.compile_specs names the VARLEN specs to the child)."""
     from flashlib.kernels.triton import configs
+    from flashlib.tools import compile_report as cr
     version = cr._version(triton)
     jobs = []
     for arch in archs:
-        for s in varlen_specs():
-            cfg = configs.arch_config(s, arch, cr.REPORT_HEAD_DIM, cr.tile_bytes(dtype, arch, version))
-            jobs.append(cr._job(s, arch, dtype, version, cr.REPORT_HEAD_DIM, cfg))
-    folder = toolchain.cache_dir("compile-report")
-    path = folder / f"varlen-bwd-{version}-{dtype}-{cr._source_hash()}.json"
-    with toolchain.locked(folder / "varlen-bwd.lock"):
-        rows = json.loads(path.read_text()) if path.exists() else {}
-        todo = [j for j in jobs if cr._job_id(j) not in rows]
-        if todo:
-            folder_v = triton_versions.ensure(version)     # None: the installed Triton
-            paths = ([str(folder_v)] if folder_v else []) + [str(cr._PKG.parent)]
-            env = dict(os.environ, TRITON_INTERPRET="0", TRITON_ALWAYS_COMPILE="1",
-                       PYTHONPATH=os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-            with tempfile.TemporaryDirectory() as tmp:
-                env["TRITON_CACHE_DIR"] = tmp
-                proc = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(todo),
-                                      capture_output=True, text=True, env=env, cwd=tmp)
-            done = [json.loads(ln[len(cr._MARKER):]) for ln in proc.stdout.splitlines()
-                    if ln.startswith(cr._MARKER)]
-            assert len(done) == len(todo), proc.stderr[-3000:]
-            rows.update({cr._job_id(j): r for j, r in zip(todo, done)})
-            for stale in folder.glob(f"varlen-bwd-{version}-{dtype}-*.json"):
-                stale.unlink(missing_ok=True)
-            toolchain.build_atomically(path, lambda tmp: tmp.write_text(json.dumps(rows)))
-    return [rows[cr._job_id(j)] for j in jobs]
+        for spec in (fa2_bwd_v2.DKDV_VARLEN_SPEC, fa2_bwd_v2.DQ_VARLEN_SPEC):
+            cfg = configs.arch_config(spec, arch, cr.REPORT_HEAD_DIM, cr.tile_bytes(dtype, arch, version))
+            for name, flags in (("", {}), (" variants", _VARIANT_FLAGS)):
+                job = cr._job(spec, arch, dtype, version, cr.REPORT_HEAD_DIM, cfg)
+                job["constexprs"].update(flags)
+                job["label"] += name
+                jobs.append(job)
+    return cr._rows_of(jobs)
 
 
 def test_varlen_kernels_compile_for_turing_ampere_and_hopper():

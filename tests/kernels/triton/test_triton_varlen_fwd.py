@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import DEVICE, require_module, require_tool
+from test_triton_variants_fwd import VARIANTS
 from triton_cases import VARIANT_SEED as SEED, make_qkv
 
 from flashlib.kernels.triton import fa2_fwd_v1
@@ -143,16 +144,6 @@ def test_each_sequence_matches_the_oracle_fp32(name, causal):
         assert torch.all(o[rows] == 0) and torch.all(lse[:, rows] == float("-inf"))
 
 
-VARIANTS = {
-    "window": dict(window=(5, 3)),
-    "window-left": dict(window=(6, -1)),
-    "window-right": dict(window=(-1, 2)),
-    "softcap": dict(softcap=1.5),
-    "alibi": dict(alibi=True),
-    "sinks": dict(sinks=True),
-    "dropout": dict(dropout_p=0.25),
-    "all": dict(window=(9, 4), softcap=2.0, alibi=True, sinks=True, dropout_p=0.2),
-}
 # nq_b < nk_b, an empty sequence, nq_b > nk_b, a sequence with no key; GQA
 VARIANT_LENS = ([13, 0, 21, 6], [21, 5, 9, 0])
 
