@@ -165,3 +165,38 @@ def test_the_matrix_jobs_follow_the_launchers_rules():
         assert jobs and not [j for j in jobs if j["kernel"] == "fa2_bwd_dkdv" and j["block_d"] == 256]
         assert [j for j in jobs if j["kernel"] == "fa2_bwd_dkdv" and j["block_d"] == 128]
     assert fi.kernel_refusal(fa2_bwd_v2.DKDV_SPEC, "sm_75", "fp32", "3.6.0", 256) is None
+
+
+# The serving switches (chapter 10) as every tested Triton compiles them, on the arches the matrix
+# compiles for that version: the forward with VARLEN, the ragged backward's dK/dV and dQ (VARLEN fixed
+# on), decode's split kernel with PAGED and the append kernel; fp16, d = 128, each arch's table config
+# (the report's problem), specialised as the JIT specialises them.
+@pytest.mark.parametrize("version", versions.TESTED)
+def test_the_serving_kernels_compile_and_fit_under_every_tested_triton(version):
+    import dataclasses
+    require_module("triton")
+    require_tool("ptxas")
+    require_tool("cuobjdump")
+    from flashlib.kernels.triton import decode_v3, fa2_bwd_v2, fa2_fwd_v1
+    jobs = []
+    for arch in fi.MATRIX_ARCHS.get(version, fi.ARCHS):
+        elem_bytes = fi.tile_bytes("fp16", arch, version)
+        for spec, flags in ((fa2_fwd_v1.SPEC, {"VARLEN": True}), (fa2_bwd_v2.DKDV_VARLEN_SPEC, {}),
+                            (fa2_bwd_v2.DQ_VARLEN_SPEC, {}), (decode_v3.SPLIT_SPEC, {"PAGED": True}),
+                            (decode_v3.APPEND_SPEC, {"PAGED": True})):
+            cfg = spec.fixed or configs.arch_config(spec, arch, fi.REPORT_HEAD_DIM, elem_bytes)
+            if spec is decode_v3.SPLIT_SPEC:                  # the rows the report compiles it with
+                cfg = dataclasses.replace(cfg, block_m=decode_v3.split_block_m(cfg.block_m,
+                                                                               *fi.REPORT_DECODE_ROWS))
+            job = fi._job(spec, arch, "fp16", version, fi.REPORT_HEAD_DIM, cfg)
+            job["constexprs"].update(flags)
+            job["label"] += "".join(f" {n.lower()}" for n in flags)
+            jobs.append(job)
+    rows = fi._rows_of(jobs)
+    failed = [(r["kernel"], r["config"], r["arch"], r["error"]) for r in rows if not r["ok"]]
+    assert not failed, failed
+    too_big = [(r["kernel"], r["arch"], r["shared_bytes"]) for r in rows
+               if r["shared_bytes"] > ARCH_SMEM_LIMIT[r["arch"]] * 1024]
+    assert not too_big, too_big
+    assert len(rows) == 5 * len(fi.MATRIX_ARCHS.get(version, fi.ARCHS))
+    assert all(r["compiler"] == f"triton {version}" for r in rows)
